@@ -1,0 +1,79 @@
+"""Training presets: one commented config dataclass (nanoGPT style).
+
+    python -m helpers.train --preset tiny-cpu --steps 40 --lr 3e-4
+
+Every field has a comment saying what it does and why its default is what it is.
+Presets are functions returning a TrainConfig, kept in ``PRESETS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class TrainConfig:
+    # --- model -----------------------------------------------------------------
+    model: str = "data/tiny"  # local folder or hub id (e.g. "Qwen/Qwen2.5-1.5B-Instruct")
+    dtype: str = "float32"  # "float32" on CPU; "bfloat16" on a GPU that supports it
+    device: str = "auto"  # "auto" picks cuda when available
+    gradient_checkpointing: bool = False  # trade ~30% compute for much smaller activations
+    # --- LoRA (peft) ---------------------------------------------------------------
+    use_lora: bool = True  # train a low-rank adapter, not the full model
+    lora_r: int = 16  # adapter rank
+    lora_alpha: int = 32  # scaling = alpha / r
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # --- data and environment --------------------------------------------------------
+    dataset: str = "tiny"  # "tiny" (generated arithmetic), "gsm8k" (hub), "gsm8k-sample" (data/gsm8k_sample.jsonl)
+    env: str = "calculator"  # registry name, see helpers.envs
+    env_max_steps: int = 4  # assistant turns per episode before truncation
+    max_train_tasks: int | None = None  # cap on training tasks (None = all)
+    # --- rollout ---------------------------------------------------------------------
+    backend: str = "hf"  # "hf" (transformers, CPU/GPU) or "vllm" (GPU)
+    tasks_per_step: int = 8  # distinct tasks per GRPO step
+    num_generations: int = 8  # G: samples per task (the "group")
+    max_new_tokens: int = 64  # per assistant turn
+    max_total_tokens: int = 256  # whole-episode budget
+    temperature: float = 1.0
+    top_p: float = 1.0
+    vllm_gpu_memory_utilization: float = 0.35  # fraction of the card vLLM may take (weights + KV cache)
+    vllm_sleep_mode: bool = True  # free vLLM's KV cache while training
+    # --- reward ----------------------------------------------------------------------
+    rewards: dict[str, float] = field(default_factory=lambda: {"correct": 1.0})  # part name -> weight
+    # --- GRPO ------------------------------------------------------------------------
+    steps: int = 60  # optimizer steps on fresh rollouts
+    num_iterations: int = 1  # mu: updates per batch of rollouts
+    lr: float = 1e-5  # 1e-5 is a safe LoRA rate for 1B-class models; 5e-5 has collapsed GSM8K runs
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    grad_accum: int = 1  # micro-batches per optimizer step
+    loss_type: str = "dapo"  # "grpo" | "dr_grpo" | "dapo", named as in TRL
+    scale_rewards: str = "group"  # "group" | "batch" | "none" (Dr. GRPO)
+    epsilon_low: float = 0.2  # clip range below 1
+    epsilon_high: float = 0.28  # clip range above 1 (DAPO clip-higher)
+    beta: float = 0.0  # KL coefficient; 0 as in TRL's default
+    # --- evaluation, logging, checkpoints -----------------------------------------------
+    eval_every: int = 10  # steps between held-out evaluations (0 = only before and after)
+    eval_tasks: int = 64  # held-out tasks per evaluation
+    pass_k: int = 4  # k for pass@k
+    log_trajectories_every: int = 10  # steps between trajectory dumps to JSONL
+    save_every: int = 20  # steps between checkpoints
+    out_dir: str = "runs/{preset}-seed{seed}"
+    resume: bool = False
+    seed: int = 0
+
+
+def tiny_cpu() -> TrainConfig:
+    """The tiny world on a laptop CPU: learn to use the calculator in a few minutes."""
+    return TrainConfig(lr=3e-4, lora_r=8, lora_alpha=16)
+
+
+PRESETS = {"tiny-cpu": tiny_cpu}
+
+
+def get_preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name](), **overrides)

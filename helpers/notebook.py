@@ -1,0 +1,55 @@
+"""The opening every notebook shares: the SMOKE switch, library versions, device check.
+
+    from helpers.notebook import SMOKE, show_versions, device_check
+    show_versions()
+    DEVICE = device_check()
+
+``SMOKE`` is True when the environment variable ``WORKBOOK_SMOKE=1`` is set (CI sets
+it): notebooks then use fewer steps and samples so that they finish in a minute or
+two on a 2-core CPU. Without it they run the full CPU version whose outputs are saved.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+
+SMOKE: bool = os.environ.get("WORKBOOK_SMOKE", "0") == "1"
+
+LIBRARIES = ("torch", "transformers", "peft", "trl", "datasets", "tokenizers", "math-verify", "vllm", "matplotlib", "ipywidgets")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed version of each library the workbook uses ("-" when missing)."""
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # vllm on a CPU box, for example
+            versions[name] = "not installed"
+    return versions
+
+
+def show_versions() -> None:
+    for name, version in library_versions().items():
+        print(f"{name:>13}: {version}")
+
+
+def device_check() -> str:
+    """Print what this machine can run and return the torch device string."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gib = props.total_memory / 2**30
+        print(f"GPU: {props.name}, {gib:.1f} GiB. bf16: {torch.cuda.is_bf16_supported()}.")
+        if gib < 15:
+            print("Under 16 GiB: use the tiny world or the gsm8k-t4 preset with care (see 07).")
+        return "cuda"
+    print(
+        f"No GPU found: running on CPU ({os.cpu_count()} cores). Everything in notebooks 00-06 and 08 "
+        "runs on CPU with the tiny world; the GSM8K run in 07 needs a GPU (it runs a CPU smoke version instead). "
+        "On Colab: Runtime -> Change runtime type -> T4 GPU."
+    )
+    return "cpu"
