@@ -39,6 +39,7 @@ class TrainConfig:
     top_p: float = 1.0
     vllm_gpu_memory_utilization: float = 0.35  # fraction of the card vLLM may take (weights + KV cache)
     vllm_sleep_mode: bool = True  # free vLLM's KV cache while training
+    vllm_dtype: str | None = None  # vLLM's weights and KV cache; None = same as dtype ("float16" on a T4 training in float32)
     # --- reward ----------------------------------------------------------------------
     rewards: dict[str, float] = field(default_factory=lambda: {"correct": 1.0})  # part name -> weight
     # --- GRPO ------------------------------------------------------------------------
@@ -60,8 +61,10 @@ class TrainConfig:
     pass_k: int = 4  # k for pass@k
     log_trajectories_every: int = 10  # steps between trajectory dumps to JSONL
     save_every: int = 20  # steps between checkpoints
-    out_dir: str = "runs/{preset}-seed{seed}"
-    resume: bool = False
+    log_kl: bool = True  # with beta = 0, still measure KL to the reference for the logs (one extra no-grad forward)
+    report_to: list[str] = field(default_factory=list)  # also log to "tensorboard" and/or "trackio" (when installed)
+    out_dir: str = "runs/{preset}-seed{seed}"  # run folder, relative to the repository root
+    resume: bool = False  # continue from the newest checkpoint in out_dir (same seed -> same numbers)
     seed: int = 0
 
 
@@ -77,3 +80,94 @@ def get_preset(name: str, **overrides) -> TrainConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     return replace(PRESETS[name](), **overrides)
+
+
+# --- GSM8K presets (issue 9): the same loop on Qwen2.5 with vLLM rollouts; see helpers.memory ---
+
+
+def gsm8k_24gb() -> TrainConfig:
+    """Qwen2.5-1.5B-Instruct, LoRA on every linear layer, vLLM colocated on one 24 GB card.
+
+    The card is shared in time: vLLM samples (its weights + KV cache, 30% of the card),
+    then sleeps (weights to CPU RAM, KV cache freed) while the trainer runs the update.
+    ``python -c "from helpers.memory import memory_plan; print(memory_plan('gsm8k-24gb', 24))"``
+    prints the arithmetic.
+    """
+    return TrainConfig(
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        dtype="bfloat16",  # Ampere and newer (3090/4090, A10, L4) compute in bf16: fp32's range, half the bytes
+        device="cuda",
+        gradient_checkpointing=True,  # activations of 8 x 768 tokens drop from ~15 GiB to ~1 GiB
+        lora_r=32,  # rank 32, alpha 64 as in verl's logged Qwen2.5-1.5B GSM8K LoRA run, so results compare
+        lora_alpha=64,
+        dataset="gsm8k",  # hub train split for training, the 1,319 test problems for evaluation
+        env="math",  # single turn: reason, then <answer>N</answer>; checked leniently, strict format reported apart
+        env_max_steps=1,
+        backend="vllm",
+        tasks_per_step=16,  # 16 problems x G = 128 completions per step
+        num_generations=8,  # G
+        max_new_tokens=512,  # GSM8K solutions are ~100-300 tokens; 512 leaves room without paying for rambling
+        max_total_tokens=768,  # 512 completion + up to 256 prompt tokens (system prompt + question)
+        vllm_gpu_memory_utilization=0.3,  # 7.2 GiB: weights 2.9 + workspace + ~3.3 GiB KV (a whole step fits)
+        vllm_sleep_mode=True,
+        steps=200,
+        lr=1e-5,  # LoRA: ~10x TRL's full-model GRPO default (1e-6); a rank-32 delta moves slowly, higher rates risk collapse
+        warmup_steps=10,
+        grad_accum=16,  # micro-batches of 8 sequences: what the memory plan budgets for activations
+        eval_every=25,
+        eval_tasks=1319,  # all of GSM8K's test split, greedy
+        max_train_tasks=None,
+    )
+
+
+def gsm8k_t4() -> TrainConfig:
+    """Qwen2.5-0.5B-Instruct on a free 16 GB Colab T4 (about 15 GiB usable).
+
+    A T4 (Turing) has no bf16, so each copy of the model chooses between fp16 and fp32:
+
+    * vLLM samples in fp16: it has no bf16 on a T4, fp16 is what its kernels are built
+      for, and sampling needs no gradients, so fp16's narrow range is harmless there.
+    * The trainer runs in fp32. fp16 training needs a loss scaler (small gradients
+      underflow to 0 in fp16, silently), and helpers.grpo has none; 0.5B weights take
+      only 1.8 GiB in fp32, so the card has room. The price is speed (a T4 has no fp32
+      tensor cores), and a small fp16-vs-fp32 gap between sampling and training
+      log-probs, which GRPO's importance ratio absorbs like any backend difference.
+    """
+    config = gsm8k_24gb()
+    config.model = "Qwen/Qwen2.5-0.5B-Instruct"
+    config.dtype = "float32"
+    config.vllm_dtype = "float16"
+    config.lora_r, config.lora_alpha = 16, 32
+    config.tasks_per_step = 8  # half the 24 GB preset's batch: a T4 is several times slower than a 4090
+    config.grad_accum = 8  # micro-batches of 8 sequences
+    config.vllm_gpu_memory_utilization = 0.35  # 5.2 GiB of 15: fp16 weights 0.9 + workspace + ~3.3 GiB KV
+    return config
+
+
+def gsm8k_cpu_smoke() -> TrainConfig:
+    """Every line of the GSM8K path on a CPU in about a minute: the tiny model on the
+    project's GSM8K-format sample (data/gsm8k_sample.jsonl), hf backend, two steps.
+    It checks the plumbing, not the learning: the tiny model cannot solve GSM8K."""
+    return TrainConfig(
+        model="data/tiny",
+        device="cpu",
+        lora_r=8,
+        lora_alpha=16,
+        dataset="gsm8k-sample",
+        env="math",
+        env_max_steps=1,
+        backend="hf",
+        tasks_per_step=2,
+        num_generations=4,
+        max_new_tokens=32,
+        max_total_tokens=384,  # the tiny tokenizer is near character-level: the sample's prompts run to ~320 tokens
+        steps=2,
+        lr=3e-4,
+        eval_every=0,  # only before and after
+        eval_tasks=1319,  # "all of the test set": the whole sample here
+        save_every=2,
+        log_trajectories_every=1,
+    )
+
+
+PRESETS.update({"gsm8k-24gb": gsm8k_24gb, "gsm8k-t4": gsm8k_t4, "gsm8k-cpu-smoke": gsm8k_cpu_smoke})

@@ -3,11 +3,34 @@
 Agentic RL needs only the *task*: the prompt the policy sees. The reference
 answer travels with the task so that the environment can check the policy's
 answer, but it is never shown to the policy.
+
+    tasks = load_gsm8k("train", source="data/gsm8k_sample.jsonl")  # or source="hub"
+    train, val = train_val_split(tasks, val_fraction=0.2, seed=0)
+    sampler = TaskSampler(train, batch_size=8, seed=0)
+    batch = next(sampler)                                 # list of 8 Tasks
+    text = render_prompt(tokenizer, batch[0].prompt)      # the string the model reads
+
+Simplifications, named:
+
+* GSM8K gold answers are parsed to one canonical number (``"1,000"`` -> ``"1000"``);
+  GSM8K has no other kind of answer.
+* ``TaskSampler`` drops the last ``len(tasks) % batch_size`` tasks of each epoch's
+  shuffled order (like ``DataLoader(drop_last=True)``), so every batch has the same
+  size; a different permutation each epoch means no task is left out for long.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import re
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from helpers.formats import ANSWER_CLOSE, ANSWER_INSTRUCTION, ANSWER_OPEN, format_number, to_number
 
 
 @dataclass
@@ -25,3 +48,240 @@ class Task:
     prompt: list[dict]
     answer: str | None = None
     metadata: dict = field(default_factory=dict)
+
+
+class DatasetError(ValueError):
+    """Bad input data. The message is one line naming the file and the row."""
+
+
+# --- prompts ------------------------------------------------------------------------------
+
+SYSTEM_PROMPT = "You are a helpful assistant that solves math word problems. " + ANSWER_INSTRUCTION
+
+
+def make_prompt(question: str, system: str | None = SYSTEM_PROMPT, few_shot: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Chat messages for one question: system prompt, optional worked examples, the question.
+
+    ``few_shot`` is a list of ``(question, reply)`` pairs; each becomes a user turn and
+    an assistant turn, so the model sees the answer format used before it answers.
+    The default system prompt states that format (``helpers.formats.ANSWER_INSTRUCTION``):
+    the environment only accepts what the prompt asked for.
+    """
+    messages = [{"role": "system", "content": system}] if system else []
+    for example_question, example_reply in few_shot or []:
+        messages.append({"role": "user", "content": example_question})
+        messages.append({"role": "assistant", "content": example_reply})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The exact text the model reads: the tokenizer's chat template, ready for the reply.
+
+    ``add_generation_prompt=True`` appends the opening of the assistant turn
+    (``<|im_start|>assistant\\n`` for Qwen), so generation starts inside the reply.
+    ``tools`` are JSON schemas (an env's ``tools``); the template lists them in the system turn.
+    """
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
+# --- GSM8K ---------------------------------------------------------------------------------
+
+_CALC_ANNOTATION = re.compile(r"<<[^>]*>>")  # GSM8K's calculator traces: "4*5=<<4*5=20>>20"
+
+
+def parse_gold_answer(solution: str, where: str = "answer") -> str:
+    """The canonical number after ``####`` in a GSM8K solution: ``"... #### 1,000"`` -> ``"1000"``.
+
+    ``where`` names the file and row in the error message.
+    """
+    if "####" not in solution:
+        raise DatasetError(f"{where}: answer has no '#### N' final line: {solution[-60:]!r}")
+    final = solution.rsplit("####", 1)[1].strip()
+    value = to_number(final)
+    if value is None:
+        raise DatasetError(f"{where}: final answer after '####' is not a number: {final!r}")
+    return format_number(value)
+
+
+def solution_to_reply(solution: str) -> str:
+    """A GSM8K solution rewritten in the workbook's answer format (for few-shot examples, SFT).
+
+    Drops the ``<<a*b=c>>`` calculator annotations and replaces ``#### N`` by ``<answer>N</answer>``.
+    """
+    reasoning, _, _ = solution.rpartition("####")
+    answer = parse_gold_answer(solution)
+    return _CALC_ANNOTATION.sub("", reasoning).strip() + f"\nThe answer is {ANSWER_OPEN}{answer}{ANSWER_CLOSE}."
+
+
+def gsm8k_task(
+    row: dict, task_id: str, source: str, row_no: int, system: str | None = SYSTEM_PROMPT, few_shot: list[tuple[str, str]] | None = None
+) -> Task:
+    """One GSM8K row (``question``, ``answer`` ending in ``#### N``) as a Task.
+
+    ``source`` and ``row_no`` (1-based line number) name the row in errors and in the metadata.
+    """
+    where = f"{source}, row {row_no}"
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DatasetError(f"{where}: row has no 'question' (keys: {sorted(row)})")
+    solution = row.get("answer")
+    if not isinstance(solution, str):
+        raise DatasetError(f"{where}: row has no 'answer' text (keys: {sorted(row)})")
+    answer = parse_gold_answer(solution, where)
+    return Task(
+        id=task_id,
+        prompt=make_prompt(question.strip(), system=system, few_shot=few_shot),
+        answer=answer,
+        metadata={"question": question.strip(), "solution": solution, "source": source, "row": row_no},
+    )
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) for every non-blank line of a jsonl file, with one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}, row {line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}, row {line_no}: expected a JSON object, got {type(row).__name__}")
+            rows.append((line_no, row))
+    return rows
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when huggingface.co answers within ``timeout`` seconds (and HF_HUB_OFFLINE is not set).
+
+    Notebooks ask this before a hub download: offline, ``from_pretrained`` and
+    ``load_dataset`` retry for about a minute before they fail.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_gsm8k(
+    split: str = "train",
+    source: str | Path = "hub",
+    max_samples: int | None = None,
+    system: str | None = SYSTEM_PROMPT,
+    few_shot: list[tuple[str, str]] | None = None,
+) -> list[Task]:
+    """GSM8K as Tasks, from the Hugging Face hub or from a local jsonl file.
+
+    source="hub":  ``datasets.load_dataset("openai/gsm8k", "main", split=split)`` (needs internet
+                   once; ``split`` is "train" or "test").
+    source=path:   a jsonl file in GSM8K's own format, one ``{"question", "answer"}`` per line
+                   (``split`` then only names the task ids).
+    max_samples:   keep the first N rows (files keep their order; shuffle with TaskSampler).
+    """
+    if source == "hub":
+        import datasets  # imported here: reading a local file should not need it
+
+        hub = datasets.load_dataset("openai/gsm8k", "main", split=split)
+        rows = [(i + 1, row) for i, row in enumerate(hub)]  # rows numbered from 1, like file lines
+        name = f"openai/gsm8k[{split}]"
+    else:
+        rows = read_jsonl(source)
+        name = str(source)
+    if max_samples is not None:
+        rows = rows[:max_samples]
+    if not rows:
+        raise DatasetError(f"{name}: dataset is empty")
+    return [
+        gsm8k_task(row, f"gsm8k-{split}-{i:05d}", name, row_no, system, few_shot)
+        for i, (row_no, row) in enumerate(rows)
+    ]
+
+
+# --- splits and batches ----------------------------------------------------------------------
+
+
+def train_val_split(tasks: list[Task], val_fraction: float = 0.1, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """Split tasks into train and validation by task id, so no task is on both sides.
+
+    Tasks that share an id go to the same side (a duplicated row cannot leak).
+    The same seed gives the same split; each side keeps the input order.
+    """
+    if not 0 < val_fraction < 1:
+        raise DatasetError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    ids = sorted({task.id for task in tasks})
+    if len(ids) < 2:
+        raise DatasetError(f"need at least 2 distinct task ids to split, got {len(ids)}")
+    random.Random(seed).shuffle(ids)
+    n_val = min(max(1, round(len(ids) * val_fraction)), len(ids) - 1)
+    val_ids = set(ids[:n_val])
+    train = [t for t in tasks if t.id not in val_ids]
+    val = [t for t in tasks if t.id in val_ids]
+    assert not {t.id for t in train} & {t.id for t in val}, "train/val split leaked a task id"
+    return train, val
+
+
+class TaskSampler:
+    """Batches of tasks, forever, reshuffled every epoch; resumable.
+
+    Epoch ``e`` visits the tasks in a permutation fixed by ``(seed, e)``: the same seed
+    gives the same order, and each epoch has a different one. An epoch has
+    ``len(tasks) // batch_size`` full batches (the remainder of that permutation is
+    skipped, see the module docstring).
+
+    ``state_dict()`` is the data position (epoch, batch within the epoch); a resumed
+    training run calls ``load_state_dict`` and continues with exactly the next batch.
+    """
+
+    def __init__(self, tasks: list[Task], batch_size: int, seed: int = 0):
+        if not tasks:
+            raise DatasetError("TaskSampler: no tasks to sample from")
+        if not 1 <= batch_size <= len(tasks):
+            raise DatasetError(f"TaskSampler: batch_size must be between 1 and {len(tasks)} (the number of tasks), got {batch_size}")
+        self.tasks = list(tasks)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0  # epochs completed
+        self.position = 0  # batches already taken in the current epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.tasks) // self.batch_size
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Task indices in the order epoch ``epoch`` visits them."""
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}-{epoch}").shuffle(order)  # string seeds are hashed deterministically
+        return order
+
+    def next_batch(self) -> list[Task]:
+        if self.position == self.batches_per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+        start = self.position * self.batch_size
+        indices = self.epoch_order(self.epoch)[start : start + self.batch_size]
+        self.position += 1
+        return [self.tasks[i] for i in indices]
+
+    def __iter__(self) -> Iterator[list[Task]]:
+        return self
+
+    def __next__(self) -> list[Task]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "batch_size": self.batch_size, "num_tasks": len(self.tasks)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved data position; refuses a state saved for other data or settings."""
+        for key, mine in [("seed", self.seed), ("batch_size", self.batch_size), ("num_tasks", len(self.tasks))]:
+            if state[key] != mine:
+                raise DatasetError(f"TaskSampler: cannot resume, saved {key}={state[key]} but this sampler has {key}={mine}")
+        self.epoch, self.position = state["epoch"], state["position"]

@@ -33,7 +33,7 @@ ANSWER_INSTRUCTION = (
     f"{ANSWER_OPEN}{ANSWER_CLOSE} tags, for example {ANSWER_OPEN}42{ANSWER_CLOSE}."
 )
 
-_NUMBER = r"-?\$?\s?\d[\d,]*(?:\.\d+)?%?|-?\$?\.\d+%?"
+_NUMBER = r"-?\$?\s?\d(?:[\d,]*\d)?(?:\.\d+)?%?|-?\$?\.\d+%?"  # a number never ends in a comma: "42, so"
 _NUMBER_RE = re.compile(_NUMBER)
 _TAG_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
 _BOXED_RE = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -63,6 +63,7 @@ def to_number(text: str | None) -> Fraction | None:
         s = boxed.group(1).strip()
     s = s.replace("\\$", "$").replace("\\%", "%").rstrip(".").strip()
     s = s.replace(" ", "")
+    s = s.replace("$-", "-$")  # "$-5" and "-$5" are the same number
     negative = s.startswith("-")
     s = s.lstrip("-").lstrip("$").rstrip("%")
     if not re.fullmatch(r"(\d{1,3}(,\d{3})+|\d+)(\.\d+)?|\.\d+", s):
@@ -117,8 +118,10 @@ def extract_answer(text: str, lenient: bool = True) -> ExtractedAnswer:
     return ExtractedAnswer(None, None, "none")
 
 
-def answers_match(predicted: Fraction | None, reference: Fraction | str | None, rel_tol: float = 1e-6) -> bool:
-    """Numeric equality with a tiny relative tolerance (0.333333 vs 1/3 is not equal; 2.50 vs 2.5 is)."""
+def answers_match(predicted: Fraction | None, reference: Fraction | str | None, rel_tol: float = 1e-9) -> bool:
+    """Numeric equality with a tiny relative tolerance (0.333333 vs 1/3 is not equal; 2.50 vs 2.5 is).
+
+    The tolerance is 1e-9, not 1e-6: with 1e-6, 1,000,001 would "equal" a gold answer of 1,000,000."""
     if predicted is None or reference is None:
         return False
     if isinstance(reference, str):

@@ -1,10 +1,82 @@
-"""Rollout module (采样模块): the Trajectory and the loop that produces it."""
+"""Rollout module (采样模块): the Trajectory and the loop that produces it.
+
+    trajs = rollout(tasks, lambda: make_env("calculator"), policy, group_size=8)
+    trajs[0].token_ids, trajs[0].mask, trajs[0].reward, trajs[0].stop_reason
+    trajs.stats.generate_s, trajs.stats.env_s            # where the time went
+
+What one call does, for ``len(tasks) * group_size`` episodes at once:
+
+    reset every env, render its first messages to token ids (the prompt)
+    while some episode is live:
+        one batched policy.generate over the token ids of ALL live episodes   (one assistant turn each)
+        step their envs in a thread pool, with a per-step timeout
+        append each env's observation AS TOKENS; finished episodes leave the batch
+
+Token-in/token-out (TITO). The episode is a list of token ids that only ever grows:
+the policy's sampled tokens are appended as they were sampled (mask 1), and env
+messages are rendered through the chat template and appended as the *new* tokens
+only (mask 0). The text is never re-tokenised, so the tokens the trainer sees are
+exactly the tokens the policy sampled, with their sampling log-probs. (Decoding a
+turn to text and encoding it again can give other ids: BPE has many ways to spell
+a string, and the model need not pick the canonical one. ``RolloutStats.retokenize_drift``
+counts the turns where that happened.)
+
+How the new tokens of an observation are found (as TRL's ``_get_tool_suffix_ids``):
+render the conversation before (``prefix``) and after (``full``) the env's messages;
+assert ``full`` starts with ``prefix`` (the template only appends; a template that
+rewrites history, e.g. one that drops old reasoning, fails here with a clear error);
+the new tokens are ``full`` after ``prefix``'s last end-of-turn token. For Qwen's
+template and the tiny one that suffix starts with the ``"\\n"`` that follows
+``<|im_end|>`` and ends with ``<|im_start|>assistant\\n``, the opening of the next turn.
+The assistant's end of turn is handled like this:
+
+* the turn ended on ``<|im_end|>`` (the eos): it was sampled, so it is in the episode with mask 1;
+* the turn ended on ``</tool_call>`` (a stop token that is not the eos): the template's
+  ``<|im_end|>`` is appended with mask 0 before the suffix. The policy did not write it,
+  so it is not trained on: the model learns to stop at ``</tool_call>`` and the
+  scaffolding closes the turn, as in Qwen's own tool-use format.
+
+When an episode ends (``stop_reason``):
+
+* the env says done: its own reason (``answered``, ``max_steps``, ``error`` ...);
+* ``max_steps``: the policy has taken ``max_steps`` turns and the env still is not done
+  (a guard against envs that never end);
+* ``max_tokens``: a turn ran out of tokens before writing a stop token, or the whole
+  episode would exceed ``max_total_tokens`` (a turn's budget is the smaller of
+  ``max_new_tokens`` and what is left of ``max_total_tokens``). A turn cut mid-text is
+  not a finished action, so it is *not* passed to the env (an answer in it does not
+  count); the episode ends with ``env.truncate("max_tokens")``, reward 0, and the
+  trainer can tell such clipped episodes apart (TRL's ``mask_truncated_completions``);
+* ``timeout``: one env step took longer than ``step_timeout``, or the episode has run
+  longer than ``episode_timeout`` seconds.
+
+Simplifications, named:
+
+* Timeouts are checked between phases: a generate call is not interrupted, so an
+  episode can overrun ``episode_timeout`` by one generation.
+* A timed-out env step keeps running in its thread (Python cannot kill a thread); its
+  result is ignored and the rollout moves on. Each turn uses a fresh thread pool so a
+  hung tool cannot starve later turns. Tools that can truly hang (running code)
+  should enforce their own limit in a subprocess, as ``CodeEnv`` does.
+* ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
+  it, via ``env.truncate``); the reward module may replace it.
+* Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget
+  is applied by cutting a row's generation after the batch call.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import concurrent.futures as cf
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from tqdm.auto import tqdm
 
 from helpers.data import Task
+from helpers.policy.base import Generation, Policy, SamplingParams
 
 
 @dataclass
@@ -46,3 +118,322 @@ class Trajectory:
     def completion_text(self) -> str:
         """All assistant turns joined: what text-based rewards read."""
         return "\n".join(m["content"] for m in self.messages if m["role"] == "assistant")
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens the policy wrote (mask == 1)."""
+        return sum(self.mask)
+
+
+@dataclass
+class RolloutStats:
+    """Where one rollout call spent its time and tokens (read by the trainer's logs)."""
+
+    episodes: int = 0
+    turns: int = 0  # assistant turns, all episodes together
+    generated_tokens: int = 0  # mask == 1 tokens
+    env_tokens: int = 0  # observation tokens appended (mask == 0, prompt excluded)
+    generate_calls: int = 0  # batched policy.generate calls (one per turn)
+    generate_s: float = 0.0  # inside policy.generate
+    env_s: float = 0.0  # env.reset + env.step (tool calls)
+    render_s: float = 0.0  # chat-template rendering of prompts and observations
+    total_s: float = 0.0
+    retokenize_drift: int = 0  # turns whose tokens differ from the re-tokenised text (why TITO matters)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / max(self.total_s, 1e-9)
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.episodes / max(self.total_s, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s, "episodes_per_s": self.episodes_per_s}
+
+
+class Rollout(list):
+    """The trajectories of one ``rollout`` call (a plain list), plus ``.stats``."""
+
+    def __init__(self, trajectories: list[Trajectory], stats: RolloutStats):
+        super().__init__(trajectories)
+        self.stats = stats
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The tokens that end an assistant turn: the end-of-turn (eos) and, where the
+    vocabulary has it as one token, the closing tool-call tag, so the env runs the tool."""
+    ids = [tokenizer.eos_token_id]
+    tool_close = tokenizer.convert_tokens_to_ids("</tool_call>")
+    if tool_close is not None and tool_close != tokenizer.unk_token_id:
+        ids.append(tool_close)
+    return ids
+
+
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
+
+
+def observation_tokens(
+    tokenizer, messages: list[dict], new_messages: list[dict], tools: list[dict] | None, tokens_so_far: list[int] | None = None
+) -> list[int]:
+    """The tokens that ``new_messages`` add after ``messages`` (which end with an assistant
+    turn), from the last end-of-turn on, through the opening of the next assistant turn.
+
+    ``tokens_so_far``: the episode's tokens, when they are the canonical tokens of
+    ``messages`` (no re-tokenisation drift); then the rendered prefix must equal them.
+
+    >>> # tiny/Qwen template, after "...</tool_call><|im_end|>" + a tool message "4042":
+    >>> # "\\n<|im_start|>user\\n<tool_response>\\n4042\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n"
+    """
+    prefix = render(tokenizer, messages, tools, add_generation_prompt=False)
+    full = render(tokenizer, messages + new_messages, tools, add_generation_prompt=True)
+    if full[: len(prefix)] != prefix:
+        raise ValueError(
+            "the chat template rewrites earlier turns when a message is added, so observations cannot be "
+            "appended as tokens; use a template that only appends (Qwen2.5's and the tiny one do)"
+        )
+    eos_positions = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    if not eos_positions:
+        raise ValueError("the chat template does not end the assistant turn with the eos token")
+    if tokens_so_far is not None and prefix[: eos_positions[-1] + 1] != tokens_so_far:
+        raise AssertionError("token-in/token-out broke: the rendered conversation differs from the episode's tokens")
+    return full[eos_positions[-1] + 1 :]
+
+
+@dataclass
+class _Episode:
+    """The mutable state of one live episode (becomes a Trajectory when it ends)."""
+
+    task: Task
+    group: int
+    env: object
+    messages: list[dict]
+    token_ids: list[int]
+    start: float
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    step_rewards: list[float] = field(default_factory=list)
+    turns: int = 0
+    reward: float = 0.0  # the env's reward at the end of the episode
+    info: dict = field(default_factory=dict)
+    stop_reason: str | None = None
+    wall_time: float = 0.0
+    last_action: str = ""
+    last_finish: str = ""
+    drifted: bool = False  # some turn's tokens are not the canonical tokens of its text
+
+    def to_trajectory(self) -> Trajectory:
+        return Trajectory(
+            task=self.task,
+            group=self.group,
+            token_ids=self.token_ids,
+            mask=self.mask,
+            logprobs=self.logprobs,
+            prompt_len=self.prompt_len,
+            step_rewards=self.step_rewards,
+            reward=self.reward,
+            turns=self.turns,
+            stop_reason=self.stop_reason or "",
+            wall_time=self.wall_time,
+            info=self.info,
+            messages=self.messages,
+        )
+
+
+def rollout(
+    tasks: list[Task],
+    env_factory: Callable[[], object] | str,
+    policy: Policy,
+    group_size: int = 8,
+    sampling: SamplingParams | None = None,
+    max_steps: int = 8,
+    max_total_tokens: int = 1024,
+    episode_timeout: float = 120.0,
+    step_timeout: float = 10.0,
+    progress: bool = True,
+) -> Rollout:
+    """Run ``group_size`` episodes of every task, all in parallel; return their Trajectories.
+
+    tasks:            the tasks; trajectories come back task-major: task 0's G samples, then task 1's, ...
+    env_factory:      a function returning a fresh env (one per episode), or a registered env name
+    policy:           anything with ``generate(prompts, params)`` and ``tokenizer`` (``HFPolicy``, ``VLLMPolicy``)
+    sampling:         temperature, top_p, max_new_tokens per turn; stop tokens default to ``stop_token_ids``
+    max_steps:        assistant turns per episode at most (guard; the env may stop earlier)
+    max_total_tokens: prompt + all turns + all observations, per episode
+    episode_timeout:  seconds of wall clock per episode; step_timeout: seconds per env step
+    """
+    if group_size < 1 or max_steps < 1:
+        raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
+    if isinstance(env_factory, str):
+        from helpers.envs import make_env
+
+        env_name = env_factory
+        env_factory = lambda: make_env(env_name)  # noqa: E731
+    tokenizer = policy.tokenizer
+    sampling = sampling or SamplingParams()
+    if not sampling.stop_token_ids:
+        sampling = replace(sampling, stop_token_ids=stop_token_ids(tokenizer))
+    stats = RolloutStats(episodes=len(tasks) * group_size)
+    t_start = time.perf_counter()
+    bar = tqdm(total=stats.episodes, desc="episodes", disable=not progress, leave=False)
+
+    def finish(ep: _Episode, reason: str, final_reward: float = 0.0) -> None:
+        """End an episode. If the env is still running (a rollout limit ended it), the env is
+        told with ``env.truncate(reason)``, which returns the episode's full final info."""
+        if not ep.env.is_done():
+            try:
+                result = ep.env.truncate(reason)
+                ep.info, final_reward = dict(result.info), float(result.reward)
+            except Exception as error:  # the env cannot be truncated (a step is still running in its thread)
+                ep.info = {**ep.info, "truncate_error": f"{type(error).__name__}: {error}"}
+        ep.stop_reason = reason
+        ep.info = {**ep.info, "stop_reason": reason}
+        ep.reward = final_reward
+        ep.wall_time = time.perf_counter() - ep.start
+        bar.update(1)
+
+    # Reset: every episode gets its own env; the prompt is the env's first messages, rendered.
+    episodes = []
+    for task in tasks:
+        for g in range(group_size):
+            t0 = time.perf_counter()
+            env = env_factory()
+            messages = list(env.reset(task))
+            t1 = time.perf_counter()
+            ids = render(tokenizer, messages, env.tools, add_generation_prompt=True)
+            stats.env_s += t1 - t0
+            stats.render_s += time.perf_counter() - t1
+            ep = _Episode(task, g, env, messages, list(ids), start=t0, mask=[0] * len(ids), logprobs=[0.0] * len(ids))
+            ep.prompt_len = len(ids)
+            episodes.append(ep)
+            if len(ids) >= max_total_tokens:
+                finish(ep, "max_tokens")
+
+    while live := [ep for ep in episodes if ep.stop_reason is None]:
+        # 1. One batched generation: one assistant turn for every live episode.
+        budgets = [min(sampling.max_new_tokens, max_total_tokens - len(ep.token_ids)) for ep in live]
+        seed = None if sampling.seed is None else sampling.seed + stats.generate_calls
+        params = replace(sampling, max_new_tokens=max(budgets), seed=seed)
+        t0 = time.perf_counter()
+        generations = policy.generate([ep.token_ids for ep in live], params)
+        stats.generate_s += time.perf_counter() - t0
+        stats.generate_calls += 1
+        for ep, gen, budget in zip(live, generations, budgets):
+            _append_turn(ep, gen, budget, tokenizer, stats)
+            if ep.last_finish == "length":  # cut mid-turn: not a finished action, so the env never sees it
+                finish(ep, "max_tokens")
+        live = [ep for ep in live if ep.stop_reason is None]
+        if not live:
+            continue
+
+        # 2. Step the envs in parallel, each step under a timeout.
+        t0 = time.perf_counter()
+        pool = cf.ThreadPoolExecutor(max_workers=min(32, len(live)))
+        futures = {pool.submit(ep.env.step, ep.last_action): ep for ep in live}
+        time_left = max(episode_timeout - (t0 - ep.start) for ep in live)
+        done, _ = cf.wait(futures, timeout=max(0.0, min(step_timeout, time_left)))
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung step keeps its thread; we do not wait for it
+        stats.env_s += time.perf_counter() - t0
+
+        # 3. Apply each step's result: end the episode, or append the observation as tokens.
+        for future, ep in futures.items():
+            if future not in done:
+                finish(ep, "timeout")
+                continue
+            try:
+                result = future.result()
+            except Exception as error:  # an env bug, not bad model output (envs never raise on that)
+                ep.info = {**ep.info, "error": f"{type(error).__name__}: {error}"}
+                finish(ep, "error")
+                continue
+            ep.step_rewards.append(float(result.reward))
+            ep.info = dict(result.info)
+            if result.terminated or result.truncated:
+                finish(ep, result.info.get("stop_reason") or ep.env.stop_reason or "answered", result.reward)
+            elif ep.turns >= max_steps:
+                finish(ep, "max_steps")
+            elif time.perf_counter() - ep.start > episode_timeout:
+                finish(ep, "timeout")
+            else:
+                t1 = time.perf_counter()
+                so_far = None if ep.drifted else ep.token_ids
+                suffix = observation_tokens(tokenizer, ep.messages, result.observation, ep.env.tools, so_far)
+                stats.render_s += time.perf_counter() - t1
+                if len(ep.token_ids) + len(suffix) >= max_total_tokens:  # no room left for another turn
+                    finish(ep, "max_tokens")
+                    continue
+                ep.token_ids += suffix
+                ep.mask += [0] * len(suffix)
+                ep.logprobs += [0.0] * len(suffix)
+                ep.messages += result.observation
+                stats.env_tokens += len(suffix)
+
+    bar.close()
+    stats.total_s = time.perf_counter() - t_start
+    return Rollout([ep.to_trajectory() for ep in episodes], stats)
+
+
+def _append_turn(ep: _Episode, gen: Generation, budget: int, tokenizer, stats: RolloutStats) -> None:
+    """Append one sampled turn to the episode: tokens (mask 1), log-probs, and the message.
+
+    If the turn did not end on the eos (it stopped at ``</tool_call>``, or ran out of
+    tokens), the template's end-of-turn token is appended with mask 0 (see module docstring).
+    """
+    token_ids, logprobs, finish_reason = gen.token_ids, gen.logprobs, gen.finish_reason
+    if len(token_ids) > budget:  # this row's own budget is smaller than the batch's
+        token_ids, logprobs, finish_reason = token_ids[:budget], logprobs[:budget], "length"
+    eos = tokenizer.eos_token_id
+    ended_on_eos = bool(token_ids) and token_ids[-1] == eos
+    text = tokenizer.decode(token_ids[:-1] if ended_on_eos else token_ids, skip_special_tokens=False)
+
+    # TITO check: does re-tokenising the turn's text give back the sampled tokens?
+    if tokenizer.encode(text, add_special_tokens=False) != (token_ids[:-1] if ended_on_eos else token_ids):
+        stats.retokenize_drift += 1
+        ep.drifted = True
+
+    ep.token_ids += token_ids
+    ep.mask += [1] * len(token_ids)
+    ep.logprobs += list(logprobs)
+    if not ended_on_eos:
+        ep.token_ids.append(eos)
+        ep.mask.append(0)
+        ep.logprobs.append(0.0)
+    ep.messages.append({"role": "assistant", "content": text})
+    ep.turns += 1
+    ep.last_action, ep.last_finish = text, finish_reason
+    stats.turns += 1
+    stats.generated_tokens += len(token_ids)
+
+
+# --- saving and loading ----------------------------------------------------------------------
+
+
+def save_trajectories(path: str | Path, trajectories: list[Trajectory]) -> None:
+    """Write one JSON object per line (the Task nested as a dict). Non-JSON values in
+    ``info`` (a Fraction, say) are written as their ``str``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for traj in trajectories:
+            f.write(json.dumps(asdict(traj), default=str) + "\n")
+
+
+def load_trajectories(path: str | Path) -> list[Trajectory]:
+    """Read trajectories written by ``save_trajectories``."""
+    trajectories = []
+    with Path(path).open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row["task"] = Task(**row["task"])
+                trajectories.append(Trajectory(**row))
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{line_no}: not a saved Trajectory ({error})") from None
+    return trajectories

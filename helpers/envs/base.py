@@ -20,12 +20,36 @@ output: a malformed tool call becomes an error observation the model can read.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from helpers.data import Task
 
-# Why an episode ended. The rollout adds "max_tokens" (token budget) itself.
+# Why an episode ended. The rollout adds "max_tokens" (token budget) itself, with ``env.truncate``.
 STOP_REASONS = ("answered", "max_steps", "timeout", "max_tokens", "error")
+
+# Keys every step's ``info`` carries (the final step's values describe the episode):
+#   stop_reason  None until the episode ends, then one of STOP_REASONS
+#   correct      the final answer was judged right
+#   predicted    the answer the env read from the policy's text (None: nothing found)
+#   verdict      why: "correct", "wrong_number", "wrong_answer", "no_answer", ... (None until judged)
+#   tool_calls   tool calls made so far in this episode
+#   tool_errors  of those, how many returned an "error: ..." result
+INFO_KEYS = ("stop_reason", "correct", "predicted", "verdict", "tool_calls", "tool_errors")
+
+
+def new_info(**values) -> dict:
+    """An ``info`` dict with every key of ``INFO_KEYS`` at its start value, then ``values``."""
+    info = {"stop_reason": None, "correct": False, "predicted": None, "verdict": None, "tool_calls": 0, "tool_errors": 0}
+    info.update(values)
+    return info
+
+
+class EnvError(RuntimeError):
+    """The *caller* broke the protocol (``step`` before ``reset`` or after the episode ended).
+
+    Bad *model output* never raises; a bug in the rollout loop should, loudly.
+    """
 
 
 @dataclass
@@ -53,10 +77,14 @@ class Env:
     tools: list[dict] | None = None
 
     def __init__(self, max_steps: int = 1):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         self.max_steps = max_steps
         self.task: Task | None = None
         self.steps = 0
         self.stop_reason: str | None = None
+        self.info: dict = new_info()  # the running episode's info; each StepResult gets a copy
+        self.started = 0.0  # time.monotonic() at reset
 
     def reset(self, task: Task) -> list[dict]:
         raise NotImplementedError
@@ -66,3 +94,40 @@ class Env:
 
     def is_done(self) -> bool:
         return self.stop_reason is not None
+
+    def truncate(self, stop_reason: str = "max_tokens") -> StepResult:
+        """End the episode from outside, e.g. when the rollout's token budget runs out.
+
+        Returns the final StepResult (reward 0, truncated) with the full ``info``, so the
+        rollout records every episode the same way however it ended.
+        """
+        if stop_reason not in STOP_REASONS:
+            raise ValueError(f"unknown stop_reason {stop_reason!r}; expected one of {STOP_REASONS}")
+        self._check_can_step()
+        if self.info["verdict"] is None:
+            self.info["verdict"] = "no_answer"
+        return self._end(stop_reason)
+
+    # --- helpers for subclasses ---------------------------------------------------------------
+
+    def _begin_episode(self, task: Task) -> list[dict]:
+        """Reset the episode state; returns a copy of the task's prompt messages."""
+        if not isinstance(task, Task):
+            raise TypeError(f"reset() needs a helpers.data.Task, got {type(task).__name__}")
+        self.task, self.steps, self.stop_reason = task, 0, None
+        self.info = new_info()
+        self.started = time.monotonic()
+        return [dict(message) for message in task.prompt]
+
+    def _check_can_step(self) -> None:
+        if self.task is None:
+            raise EnvError(f"{type(self).__name__}.step() called before reset(task)")
+        if self.is_done():
+            raise EnvError(f"{type(self).__name__}.step() called after the episode ended (stop_reason={self.stop_reason!r}); call reset(task) first")
+
+    def _end(self, stop_reason: str, reward: float = 0.0) -> StepResult:
+        """Finish the episode: ``terminated`` when answered, ``truncated`` for any limit or error."""
+        self.stop_reason = stop_reason
+        self.info["stop_reason"] = stop_reason
+        terminated = stop_reason == "answered"
+        return StepResult([], float(reward), terminated, not terminated, dict(self.info))

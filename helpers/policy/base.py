@@ -4,7 +4,16 @@ A policy turns token-id prompts into sampled continuations with their log-probs.
 It is token-in/token-out on purpose: the rollout keeps the exact token ids, so the
 tokens trained on are exactly the tokens sampled (no re-tokenisation drift).
 
-Backends: ``policy.hf`` (transformers, CPU/GPU) and ``policy.vllm`` (GPU).
+Backends: ``policy.hf`` (transformers, CPU/GPU) and ``policy.vllm`` (GPU);
+``ScriptedPolicy`` below plays fixed replies (tests, demos of the rollout's guards).
+
+Log-prob convention, for every backend (TRL's and vLLM's):
+``Generation.logprobs[i] = log_softmax(logits / temperature)[token_i]``, the log-prob
+under the temperature-scaled distribution the token was drawn from, over the full
+vocabulary (top-p is not folded in). It is what the trainer recomputes for the
+importance ratio (``helpers.grpo.token_logprobs(..., temperature)``, TRL's
+``selective_log_softmax(logits / temperature)``); in vLLM it is
+``logprobs_mode="processed_logprobs"``. Greedy (temperature 0) reports temperature 1.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ class SamplingParams:
 @dataclass
 class Generation:
     token_ids: list[int]  # sampled tokens, including the stop token if one was hit
-    logprobs: list[float]  # log-prob of each sampled token under the sampling policy (temperature 1 scale, see backend)
+    logprobs: list[float]  # log-prob of each sampled token: log_softmax(logits / temperature) (module docstring)
     finish_reason: str  # "stop" (hit a stop token) or "length" (max_new_tokens)
 
 
@@ -35,3 +44,34 @@ class Policy(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation for each prompt (a list of token ids)."""
         ...
+
+
+class ScriptedPolicy:
+    """A policy that plays a script: turn k of every episode gets ``replies[k]`` (the last
+    reply repeats). For tests and demos (a looping agent); log-probs are 0.0.
+
+    The turn number is read off the prompt: the number of assistant turns already in it
+    (occurrences of ``turn_marker``, the opening of an assistant turn, minus the one the
+    prompt ends with). Each reply is encoded, followed by the eos (end of turn), and cut
+    after its first stop token, as a sampler would stop.
+    """
+
+    def __init__(self, tokenizer, replies: list[str], turn_marker: str = "<|im_start|>assistant"):
+        if not replies:
+            raise ValueError("ScriptedPolicy needs at least one reply")
+        self.tokenizer = tokenizer
+        self.replies = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in replies]
+        self.turn_marker = turn_marker
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        generations = []
+        for prompt in prompts:
+            turn = self.tokenizer.decode(prompt, skip_special_tokens=False).count(self.turn_marker) - 1
+            ids = self.replies[min(max(turn, 0), len(self.replies) - 1)]
+            stops = [i for i, t in enumerate(ids) if t in params.stop_token_ids]
+            if stops:  # stop where a sampler would: at the first stop token (a </tool_call>, say)
+                ids = ids[: stops[0] + 1]
+            finish = "stop" if stops and len(ids) <= params.max_new_tokens else "length"
+            ids = ids[: params.max_new_tokens]
+            generations.append(Generation(list(ids), [0.0] * len(ids), finish))
+        return generations

@@ -1,0 +1,155 @@
+"""Transformers backend (采样模块): batched sampling with a KV cache, on CPU or GPU.
+
+    policy = HFPolicy(model, tokenizer, device="cpu")
+    gens = policy.generate([[1, 5, 9], [1, 7]], SamplingParams(max_new_tokens=32, stop_token_ids=[im_end]))
+    gens[0].token_ids, gens[0].logprobs, gens[0].finish_reason
+
+How a batch of prompts of different lengths is sampled together:
+
+* **Left padding.** Prompts are padded on the left to one length, so every row's
+  next token is predicted at the same (last) column. ``attention_mask`` hides the
+  pads, and ``position_ids`` count only real tokens (``cumsum(mask) - 1``), so a
+  padded row computes exactly what it would compute alone.
+* **KV cache.** One forward pass over the prompts (the *prefill*) fills the cache;
+  after that each step feeds only the B newly sampled tokens, ``(B, 1)``: no token
+  is encoded twice.
+* **Per-row finish.** A row stops at its first stop token (end of turn
+  ``<|im_end|>``, or ``</tool_call>`` so that the environment can run the tool).
+  Finished rows are *dropped from the batch*, cache included
+  (``Cache.batch_select_indices``), so a long straggler does not drag the finished
+  rows through every remaining step.
+
+Which log-prob is returned (the convention of TRL and vLLM):
+
+* ``temperature > 0``: ``log_softmax(logits / temperature)[token]``, the log-prob
+  under the temperature-scaled distribution the token was drawn from. TRL's
+  ``GRPOTrainer`` computes ``old_per_token_logps`` and the new log-probs the same way
+  (``selective_log_softmax(logits / temperature)``), and asks vLLM for
+  ``logprobs_mode="processed_logprobs"`` (after temperature) for the same reason:
+  the importance ratio must compare like with like.
+* ``top_p`` is *not* folded in: the log-prob is over the full (temperature-scaled)
+  vocabulary, not renormalised over the nucleus. This again matches what the
+  trainer recomputes (TRL does not apply top-p when it scores tokens); with
+  ``top_p < 1`` the sampler's true probability of a token is a little higher.
+* ``temperature == 0`` (greedy): the argmax token, with its log-prob at temperature 1.
+
+Simplifications, named: no top-k, min-p or repetition penalty; every row shares
+one ``SamplingParams``; the whole batch is one forward pass (no micro-batching, so
+a GPU batch must fit in memory); a stop token is matched by id, not by string.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from helpers.policy.base import Generation, SamplingParams
+
+
+class HFPolicy:
+    """A ``Policy`` over a transformers causal LM (a peft-wrapped one works too)."""
+
+    def __init__(self, model, tokenizer, device: str | torch.device | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        # transformers 5 renamed forward(past_key_values=) to forward(cache=); ask the unwrapped (non-peft) model.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt; all prompts advance together, one token per step."""
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
+
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling: the log-probs must be the policy's own
+        try:
+            input_ids, attention_mask = self._left_pad(prompts)  # (B, T0), (B, T0)
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T0): pads get 0, real tokens 0..len-1
+            cache = DynamicCache()  # filled in place by every forward pass
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,  # only the last column's logits: (B, 1, V), not (B, T0, V)
+                **{self.cache_kwarg: cache},
+            )
+            logits = out.logits[:, -1, :].float()  # (B, V): prediction for each row's first new token
+            next_position = position_ids[:, -1] + 1  # (B,)
+
+            B = len(prompts)
+            tokens: list[list[int]] = [[] for _ in range(B)]
+            logprobs: list[list[float]] = [[] for _ in range(B)]
+            finish = ["length"] * B
+            live = torch.arange(B, device=self.device)  # (L,) original row index of each live row
+            for step in range(params.max_new_tokens):
+                token, logprob = sample_next(logits, params.temperature, params.top_p, generator)  # (L,), (L,)
+                for row, t, lp in zip(live.tolist(), token.tolist(), logprob.tolist()):
+                    tokens[row].append(t)
+                    logprobs[row].append(lp)
+                stopped = torch.isin(token, stop_ids)  # (L,)
+                for row in live[stopped].tolist():
+                    finish[row] = "stop"
+                if step == params.max_new_tokens - 1 or bool(stopped.all()):
+                    break
+                if bool(stopped.any()):  # drop finished rows from the batch and the cache
+                    keep = (~stopped).nonzero().squeeze(-1)  # (L',) positions within the live batch
+                    cache.batch_select_indices(keep)
+                    live, token, attention_mask, next_position = live[keep], token[keep], attention_mask[keep], next_position[keep]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)  # (L, T+1)
+                out = self.model(
+                    input_ids=token[:, None],  # (L, 1): only the new token; the cache holds the rest
+                    attention_mask=attention_mask,
+                    position_ids=next_position[:, None],
+                    use_cache=True,
+                    **{self.cache_kwarg: cache},
+                )
+                logits = out.logits[:, -1, :].float()  # (L, V)
+                next_position = next_position + 1
+        finally:
+            self.model.train(was_training)
+        return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finish)]
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, T0)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T0)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None):
+    """Draw one token per row from ``logits`` (B, V); return the tokens (B,) and their log-probs (B,).
+
+    The log-prob is ``log_softmax(logits / temperature)`` at the drawn token (see the module
+    docstring); top-p only narrows the set the token is drawn from.
+    """
+    if temperature == 0:  # greedy
+        token = logits.argmax(dim=-1)  # (B,)
+        return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
+    probs = logp.exp()
+    if top_p < 1.0:
+        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely tokens
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,); multinomial renormalises
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)

@@ -1,0 +1,568 @@
+"""Reward module (奖励模块): rule rewards, weighted hybrids, the TRL adapter, diagnostics.
+
+The reward decides what the agent learns. In this workbook a reward is a plain function
+
+    reward(traj: Trajectory) -> float                     # or -> dict[str, float] of named parts
+
+and rewards are mixed with weights, by function or by registered name:
+
+    reward = combine({"correct": 1.0, "format": 0.1})     # the form TrainConfig.rewards uses
+    rewards = score_trajectories(trajs, reward)           # sets traj.reward and traj.reward_parts
+    print(reward_report(trajs))                           # is there any learning signal?
+
+Every rule reward below says in its docstring what a policy can *game* it by: RL
+optimises the number, not the intention, and a reward with a loophole is exploited
+(``tool_call_bonus`` is this module's deliberate example). The model-judge reward
+lives in ``helpers.judge``; it plugs into ``combine`` like any function here.
+
+Simplifications, named:
+
+* A combined reward stores every part *unweighted* in ``traj.reward_parts`` (as TRL
+  logs ``rewards/<name>/mean``) and the weighted sum in ``traj.reward``.
+* A part that raises is worth 0 for that trajectory; the error is written to
+  ``traj.info["reward_errors"][part]`` and counted, so one bad row never stops training.
+* Outcome checking is the env's own (``helpers.envs.judge_answer``): the reward
+  never disagrees with the env about what counts as correct.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from helpers.data import Task, parse_gold_answer
+from helpers.envs import judge_answer
+from helpers.formats import ANSWER_CLOSE, ANSWER_OPEN, answers_match, extract_answer, parse_tool_calls, to_number
+from helpers.rollout import Trajectory
+
+RewardFn = Callable[[Trajectory], "float | dict[str, float]"]
+
+REWARDS: dict[str, RewardFn] = {}  # name -> reward function; configs refer to rewards by these names
+
+
+def register_reward(name: str):
+    """Decorator: make a reward usable by name in ``combine({"name": weight})`` and in configs."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        REWARDS[name] = fn
+        return fn
+
+    return add
+
+
+def reward_name(fn) -> str:
+    """The name a reward is logged under: its registry name, else ``.name``, else its function name."""
+    for name, registered in REWARDS.items():
+        if registered is fn:
+            return name
+    if isinstance(getattr(fn, "name", None), str):
+        return fn.name
+    while isinstance(fn, functools.partial):  # partial(length_penalty, budget=128) -> "length_penalty"
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Outcome: is the final answer right?
+# ----------------------------------------------------------------------------------------------
+
+
+def check_answer(text: str, reference: str | None) -> dict:
+    """GSM8K-style outcome check, as the env does it: ``helpers.envs.judge_answer``.
+
+    Returns the env's info keys: ``correct``, ``verdict`` (``"correct"``, ``"wrong_number"``,
+    ``"wrong_answer"``, ``"no_answer"``, or ``"no_reference"``), ``predicted``, ``strict_format``.
+    The answer is found leniently (tag, ``\\boxed{}``, ``#### N``, the last number), so
+    ``1,000``, ``$1000.00``, ``1000.`` and ``\\boxed{1000}`` all equal 1000; math-verify
+    decides answers that are not plain numbers. The reference may also be a whole GSM8K
+    solution ending in ``#### 1,000`` (TRL passes the dataset's ``answer`` column as is).
+    """
+    if reference is None:
+        return {"correct": False, "verdict": "no_reference", "predicted": None, "strict_format": False}
+    if "####" in reference:
+        reference = parse_gold_answer(reference)
+    return judge_answer(text, reference)
+
+
+def outcome(traj: Trajectory) -> dict:
+    """The env's verdict when the episode has one (``info["verdict"]``), else ``check_answer``."""
+    info = traj.info or {}
+    if info.get("verdict") is not None:
+        return info
+    return check_answer(traj.completion_text, traj.task.answer)
+
+
+@register_reward("correct")
+def correct(traj: Trajectory) -> float:
+    """1.0 if the final answer is right, else 0.0 (the env's verdict, or ``check_answer``).
+
+    The reward we actually want, and the only one here that cannot be satisfied without
+    solving the task. Gamed by: a lenient checker. With the last-number fallback, an
+    answer that lists many numbers ("maybe 12, or 15, or 18") is judged by its *last*
+    one, and guessing the most common answer pays off on easy sets; a sparse 0/1
+    signal also gives no gradient when every sample in a group fails (see
+    ``reward_report``).
+    """
+    return 1.0 if outcome(traj)["correct"] else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Shaping rewards: format, tool use, length, steps
+# ----------------------------------------------------------------------------------------------
+
+
+@register_reward("format")
+def strict_format(traj: Trajectory) -> float:
+    """1.0 if the completion holds exactly one non-empty ``<answer>...</answer>``, else 0.0.
+
+    Teaches the format the env parses strictly. Gamed by: writing the tag with a wrong
+    (or any) number in it: format alone pays for a confident wrong answer, so keep its
+    weight small next to ``correct`` (0.1 against 1.0 is usual).
+    """
+    text = traj.completion_text
+    if text.count(ANSWER_OPEN) != 1 or text.count(ANSWER_CLOSE) != 1:
+        return 0.0
+    inside = text.split(ANSWER_OPEN, 1)[1].split(ANSWER_CLOSE, 1)[0]
+    return 1.0 if inside.strip() else 0.0
+
+
+def tool_results(traj: Trajectory) -> list[str]:
+    """Contents of the tool messages that were not errors, in order."""
+    return [m["content"] for m in traj.messages if m["role"] == "tool" and not str(m["content"]).startswith("error:")]
+
+
+def count_tool_calls(traj: Trajectory) -> int:
+    """Calculator calls: the env's count when present, else counted in the assistant messages.
+
+    Counts both our text format (``<tool_call>...</tool_call>``) and the structured
+    ``tool_calls`` field TRL puts on parsed assistant messages.
+    """
+    if "tool_calls" in (traj.info or {}):
+        return int(traj.info["tool_calls"])
+    n = 0
+    for m in traj.messages:
+        if m["role"] == "assistant":
+            n += len(parse_tool_calls(m.get("content") or "")) + len(m.get("tool_calls") or [])
+    return n
+
+
+@register_reward("tool_use")
+def tool_use(traj: Trajectory) -> float:
+    """1.0 if the calculator was called and one of its results *is* the final answer, else 0.0.
+
+    Rewards using the verification tool and using what it said. Gamed by: calling the
+    calculator on the answer itself (``{"expression": "42"}``) after guessing 42, which
+    "verifies" nothing; and it pays on wrong answers whose wrong number came from a
+    wrong expression. Use it as a small bonus next to ``correct``, never alone.
+    """
+    if count_tool_calls(traj) == 0:
+        return 0.0
+    answer = extract_answer(_final_assistant_text(traj)).value
+    return 1.0 if any(answers_match(answer, to_number(r)) for r in tool_results(traj)) else 0.0
+
+
+def _final_assistant_text(traj: Trajectory) -> str:
+    replies = [m.get("content") or "" for m in traj.messages if m["role"] == "assistant"]
+    return replies[-1] if replies else ""
+
+
+def generated_tokens(traj: Trajectory) -> int:
+    """Tokens the policy wrote (mask == 1); whitespace words when there are no token ids."""
+    if traj.mask:
+        return int(sum(traj.mask))
+    return len(traj.completion_text.split())
+
+
+@register_reward("length")
+def length_penalty(traj: Trajectory, budget: int = 256) -> float:
+    """``-min(1, generated_tokens / budget)``: in [-1, 0], 0 for an empty reply.
+
+    Counters rambling (and the cost of long rollouts). Gamed by: answering at once
+    without working or tool calls, which can trade correctness for brevity when the
+    weight is large; and by stopping early with no answer. Change the budget with
+    ``functools.partial(length_penalty, budget=128)``.
+    """
+    return -min(1.0, generated_tokens(traj) / budget)
+
+
+@register_reward("step_cost")
+def step_cost(traj: Trajectory) -> float:
+    """``-(assistant turns - 1)``: every turn after the first costs 1 (weight it by e.g. 0.05).
+
+    Discourages needless extra turns (calling a tool again and again). Gamed by:
+    skipping the tool even when it would help (a one-turn guess costs nothing), so
+    a large weight teaches the agent to stop verifying.
+    """
+    turns = traj.turns or sum(m["role"] == "assistant" for m in traj.messages)
+    return -float(max(0, turns - 1))
+
+
+@register_reward("tool_call_bonus")
+def tool_call_bonus(traj: Trajectory) -> float:
+    """LOOPHOLE, on purpose: +1 for every calculator call, right answer or not.
+
+    Meant as "encourage tool use"; exploited by calling the tool on every turn until
+    the episode runs out of steps and never answering: more calls, more reward.
+    Notebook 04 shows it exploited and fixed (pay ``tool_use`` instead: once, and
+    only when the tool's result is the answer). Not for training.
+    """
+    return float(count_tool_calls(traj))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Weighted hybrids, with every part logged and every error caught
+# ----------------------------------------------------------------------------------------------
+
+
+def get_reward(name_or_fn) -> RewardFn:
+    """A reward function from a registered name, or the function itself."""
+    if callable(name_or_fn):
+        return name_or_fn
+    if name_or_fn not in REWARDS:
+        raise KeyError(f"unknown reward {name_or_fn!r}; registered: {sorted(REWARDS)} (or pass a function)")
+    return REWARDS[name_or_fn]
+
+
+def safe_call(fn: RewardFn, name: str, traj: Trajectory) -> tuple[dict[str, float], str | None]:
+    """Run one reward on one trajectory: its parts as ``{name: value}`` and the error, if any. Never raises.
+
+    A dict-valued reward gives ``{"name/key": value, ...}``. An exception (or a value that
+    is not a number) gives ``{name: 0.0}``; the error is returned and recorded in
+    ``traj.info["reward_errors"][name]`` (a later successful call clears it).
+    """
+    errors = (traj.info or {}).get("reward_errors", {})
+    errors.pop(name, None)
+    try:
+        value = fn(traj)
+        if isinstance(value, dict):
+            return {f"{name}/{k}": float(v) for k, v in value.items()}, None
+        return {name: float(value)}, None
+    except Exception as e:
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        message = f"{type(e).__name__}: {e} (in {last.name}, line {last.lineno})"
+        traj.info = dict(traj.info or {})
+        traj.info.setdefault("reward_errors", {})[name] = message
+        return {name: 0.0}, message
+
+
+@dataclass
+class CombinedReward:
+    """A weighted sum of rewards: ``reward = sum_k weight_k * part_k``.
+
+    Calling it on a trajectory sets ``traj.reward_parts`` (each part unweighted) and
+    ``traj.reward`` (the weighted sum) and returns the sum. ``errors`` counts, per part,
+    how many calls raised. Parts with a ``prepare(trajs)`` method (the judge, which can
+    score a whole batch or a whole group at once) get the batch first in
+    ``score_trajectories``.
+    """
+
+    parts: dict[str, tuple[RewardFn, float]]  # name -> (function, weight)
+    errors: Counter = field(default_factory=Counter)
+    name: str = "reward"
+
+    def __call__(self, traj: Trajectory) -> float:
+        values: dict[str, float] = {}
+        total = 0.0
+        for name, (fn, weight) in self.parts.items():
+            got, error = safe_call(fn, name, traj)
+            if error:
+                self.errors[name] += 1
+            values.update(got)
+            total += weight * sum(got.values())
+        traj.reward_parts = values
+        traj.reward = total
+        return total
+
+    def prepare(self, trajs: list[Trajectory]) -> None:
+        for fn, _ in self.parts.values():
+            if hasattr(fn, "prepare"):
+                fn.prepare(trajs)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {name: weight for name, (_, weight) in self.parts.items()}
+
+
+def combine(weights: dict) -> CombinedReward:
+    """A weighted hybrid from ``{name_or_fn: weight}``, e.g. ``combine({"correct": 1.0, judge: 0.1})``."""
+    if not weights:
+        raise ValueError("combine needs at least one reward, e.g. combine({'correct': 1.0})")
+    parts = {}
+    for key, weight in weights.items():
+        fn = get_reward(key)
+        name = key if isinstance(key, str) else reward_name(fn)
+        if name in parts:
+            raise ValueError(f"two rewards are both named {name!r}; give one a .name")
+        parts[name] = (fn, float(weight))
+    return CombinedReward(parts)
+
+
+def as_reward(spec) -> CombinedReward:
+    """Anything reward-like as a CombinedReward: a name, a function, a ``{name: weight}`` dict."""
+    if isinstance(spec, CombinedReward):
+        return spec
+    if isinstance(spec, dict):
+        return combine(spec)
+    return combine({spec: 1.0})
+
+
+def score_trajectories(trajs: list[Trajectory], reward) -> list[float]:
+    """Score a batch in place (``traj.reward``, ``traj.reward_parts``) and return the rewards.
+
+    ``reward`` is anything ``as_reward`` accepts. Batch-aware parts (a judge) are
+    prepared with the whole batch first, so they can use a thread pool or judge a
+    task's G samples side by side.
+    """
+    reward = as_reward(reward)
+    reward.prepare(trajs)
+    return [reward(t) for t in trajs]
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The same functions in TRL's reward_funcs signature
+# ----------------------------------------------------------------------------------------------
+
+_TRL_RESERVED = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+
+
+def to_trl_reward_func(fn) -> Callable[..., list[float]]:
+    """Wrap a reward (name or function) for ``trl.GRPOTrainer(reward_funcs=[...])``.
+
+    TRL 1.16 calls ``f(prompts=..., completions=..., completion_ids=..., **columns)``
+    where each completion is a string (plain-text datasets) or a list of message dicts
+    (chat datasets; with tools, assistant messages carry ``tool_calls`` and tool
+    results are ``{"role": "tool"}`` messages), and every other dataset column comes
+    as a keyword list (GSM8K's ``answer``). Each row becomes a small Trajectory
+    (no env info, so ``correct`` falls back to ``check_answer`` against ``answer``).
+    The wrapper is named after the reward, so TRL logs ``rewards/<name>/mean``.
+    """
+    fn_ = get_reward(fn)
+    name = fn if isinstance(fn, str) else reward_name(fn_)
+
+    def trl_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
+        columns = {k: v for k, v in kwargs.items() if k not in _TRL_RESERVED}
+        out = []
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            row = {k: v[i] for k, v in columns.items()}
+            traj = trajectory_from_text(prompt, completion, row, completion_ids[i] if completion_ids else None, i)
+            out.append(sum(safe_call(fn_, name, traj)[0].values()))
+        return out
+
+    trl_reward.__name__ = name
+    return trl_reward
+
+
+def trajectory_from_text(prompt, completion, row: dict | None = None, token_ids=None, index: int = 0) -> Trajectory:
+    """A minimal Trajectory from a prompt and completion (strings or message lists), for TRL and tests."""
+    row = row or {}
+    prompt_msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    completion_msgs = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+    token_ids = list(token_ids) if token_ids is not None else []
+    task = Task(id=str(row.get("id", f"row-{index}")), prompt=prompt_msgs, answer=row.get("answer"), metadata=row)
+    return Trajectory(
+        task=task, group=0, token_ids=token_ids, mask=[1] * len(token_ids), logprobs=[0.0] * len(token_ids), prompt_len=0,
+        turns=sum(m["role"] == "assistant" for m in completion_msgs), messages=prompt_msgs + completion_msgs,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Diagnostics: is there a learning signal, and why are answers wrong?
+# ----------------------------------------------------------------------------------------------
+
+REASONS = {  # verdict -> readable reason
+    "no_answer": "no answer found",
+    "wrong_number": "answer found, wrong number",
+    "wrong_answer": "answer found, not a number",
+    "no_reference": "task has no reference answer",
+}
+
+
+def wrong_reason(traj: Trajectory) -> str:
+    """Why a trajectory's answer was judged wrong, in words (from the env's info when present)."""
+    verdict = outcome(traj)["verdict"]
+    reason = REASONS.get(verdict, verdict.replace("_", " "))
+    stop = traj.stop_reason or (traj.info or {}).get("stop_reason", "")
+    if verdict == "no_answer" and stop and stop != "answered":
+        reason += f" (stopped by {stop})"
+    return reason
+
+
+@dataclass
+class RewardReport:
+    """What ``reward_report`` found. ``str(report)`` is the readable summary."""
+
+    n: int
+    parts: dict[str, list[float]]  # part name -> values (one per trajectory)
+    rewards: list[float]  # total reward per trajectory
+    n_groups: int
+    flat_groups: int  # groups whose G rewards are all equal: advantage 0, no learning signal
+    errors: list[tuple[str, int, str, str]]  # (task id, group index, part, error)
+    wrong_reasons: Counter  # reason -> count, over trajectories whose answer was wrong
+    examples: dict[str, list[str]]  # reason -> a few completions (tail)
+
+    @property
+    def flat_fraction(self) -> float:
+        return self.flat_groups / self.n_groups if self.n_groups else 0.0
+
+    @property
+    def all_zero(self) -> bool:
+        return all(r == 0 for r in self.rewards)
+
+    def __str__(self) -> str:
+        lines = [f"{self.n} trajectories in {self.n_groups} groups"]
+        for name, values in self.parts.items():
+            mean = sum(values) / len(values)
+            lines.append(f"  {name:>16}: mean {mean:+.3f}  min {min(values):+.3f}  max {max(values):+.3f}  nonzero {sum(v != 0 for v in values)}/{len(values)}")
+        lines.append(f"groups with all rewards equal (no learning signal): {self.flat_groups}/{self.n_groups} = {self.flat_fraction:.0%}")
+        wrong = sum(self.wrong_reasons.values())
+        if self.all_zero and wrong:
+            reason, count = self.wrong_reasons.most_common(1)[0]
+            lines.append(f"ALL REWARDS ARE ZERO. Most common reason: {reason} in {count / self.n:.0%} of trajectories")
+        for reason, count in self.wrong_reasons.most_common():
+            lines.append(f"  wrong: {reason}: {count}/{self.n}")
+            for ex in self.examples.get(reason, []):
+                lines.append(f"      e.g. ...{ex!r}")
+        if self.errors:
+            lines.append(f"REWARD ERRORS: {len(self.errors)} (each counted as 0)")
+            for task_id, group, part, err in self.errors[:5]:
+                lines.append(f"  {part} on {task_id}#{group}: {err}")
+        return "\n".join(lines)
+
+
+def reward_report(trajs: list[Trajectory], reward=None, n_examples: int = 2, tail: int = 80) -> RewardReport:
+    """Diagnose a scored batch: per-part distribution, flat groups, why answers were wrong, errors.
+
+    ``reward`` (optional, anything ``as_reward`` accepts) re-scores the batch first;
+    without it the trajectories' existing ``reward`` and ``reward_parts`` are used.
+    """
+    if not trajs:
+        raise ValueError("reward_report needs at least one trajectory")
+    if reward is not None:
+        score_trajectories(trajs, reward)
+    names = list(dict.fromkeys(k for t in trajs for k in t.reward_parts)) or ["reward"]
+    parts = {k: [t.reward_parts.get(k, t.reward if k == "reward" else 0.0) for t in trajs] for k in names}
+    groups: dict[str, list[float]] = {}
+    for t in trajs:
+        groups.setdefault(t.task_id, []).append(t.reward)
+    flat = sum(max(g) - min(g) < 1e-9 for g in groups.values())
+    errors = [(t.task_id, t.group, part, err) for t in trajs for part, err in (t.info or {}).get("reward_errors", {}).items()]
+    reasons: Counter = Counter()
+    examples: dict[str, list[str]] = {}
+    for t in trajs:
+        if outcome(t)["correct"]:
+            continue
+        reason = wrong_reason(t)
+        reasons[reason] += 1
+        if len(examples.setdefault(reason, [])) < n_examples:
+            examples[reason].append(t.completion_text[-tail:])
+    return RewardReport(len(trajs), parts, [t.reward for t in trajs], len(groups), flat, errors, reasons, examples)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. From rewards to advantages, and the interactive panel of notebook 04
+# ----------------------------------------------------------------------------------------------
+
+
+def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_groups: int | None = None) -> str:
+    """One line per group: its G rewards and the GRPO advantages they give (``helpers.grpo.group_advantages``).
+
+    A group whose rewards are all equal is marked ``(flat)``: its advantages are 0 and it
+    teaches nothing. Trajectories must already be scored.
+    """
+    import torch
+
+    from helpers.grpo import group_advantages, group_trajectories
+
+    groups = group_trajectories(trajs)[:max_groups]
+    rewards = torch.tensor([[t.reward for t in g] for g in groups])  # (B, G)
+    adv = group_advantages(rewards, scale_rewards)
+    width = max(len(g[0].task_id) for g in groups)
+    G = rewards.size(1)
+    lines = [f"{'task':<{width}}  {'rewards':<{6 * G}}  advantages ({scale_rewards})"]
+    for i, g in enumerate(groups):
+        r = " ".join(f"{x:5.2f}" for x in rewards[i].tolist())
+        a = " ".join(f"{x:+5.2f}" for x in adv.advantages[i].tolist())
+        lines.append(f"{g[0].task_id:<{width}}  {r}  {a}" + ("  (flat)" if adv.zero_spread[i] else ""))
+    return "\n".join(lines)
+
+
+def plot_reward_histogram(trajs: list[Trajectory], part: str = "total", ax=None, title: str = ""):
+    """Histogram of the total reward (``part="total"``) or of one logged part, over scored trajectories."""
+    import matplotlib.pyplot as plt
+
+    values = [t.reward if part == "total" else t.reward_parts.get(part, 0.0) for t in trajs]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3))
+    ax.hist(values, bins=20)
+    ax.set_title(title or f"reward histogram: {part}")
+    ax.set_xlabel(f"{part} reward")
+    ax.set_ylabel("trajectories")
+    return ax
+
+
+def widgets_frontend() -> bool:
+    """True when ipywidgets can be shown *and* a frontend will draw them.
+
+    A kernel run by nbval or ``nbconvert --execute`` has no frontend: widgets there would
+    print as ``VBox(...)``. We look for JupyterLab / Notebook (``JPY_SESSION_NAME``), Colab,
+    or VS Code; ``WORKBOOK_WIDGETS=1`` / ``0`` forces the answer.
+    """
+    import os
+    import sys
+
+    from helpers.live import in_notebook
+
+    if os.environ.get("WORKBOOK_WIDGETS") in ("0", "1"):
+        return os.environ["WORKBOOK_WIDGETS"] == "1"
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    frontend = "JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules or "VSCODE_PID" in os.environ
+    return in_notebook() and frontend
+
+
+def reward_panel(trajs: list[Trajectory], weights: dict[str, float], scale_rewards: str = "group", max_groups: int = 8):
+    """Sliders for the weights of ``weights`` and a dropdown of parts; re-scores ``trajs`` live.
+
+    Every change re-scores the trajectories with ``combine(weights)`` and redraws the
+    per-group advantage table and the reward histogram. Without a widget frontend (CI,
+    nbconvert) it prints the same table and histogram once, for the given weights.
+    Returns the panel widget, or None in the static case.
+    """
+    import matplotlib.pyplot as plt
+
+    def draw(current: dict[str, float], part: str) -> None:
+        score_trajectories(trajs, {k: w for k, w in current.items() if w != 0} or {"correct": 0.0})
+        shown = ", ".join(f"{w:g}*{k}" for k, w in current.items() if w != 0) or "0"
+        print(f"reward = {shown}\n")
+        print(advantage_table(trajs, scale_rewards, max_groups))
+        plot_reward_histogram(trajs, part, title=f"{part}: reward = {shown}")
+        plt.tight_layout()
+        plt.show()
+
+    if not widgets_frontend():
+        draw(dict(weights), "total")
+        return None
+
+    import ipywidgets as W
+    from IPython.display import display
+
+    sliders = {k: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=k, continuous_update=False) for k, w in weights.items()}
+    dropdown = W.Dropdown(options=["total", *weights], value="total", description="histogram")
+    out = W.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            draw({k: s.value for k, s in sliders.items()}, dropdown.value)
+
+    for widget in [*sliders.values(), dropdown]:
+        widget.observe(redraw, names="value")
+    panel = W.VBox([W.HBox([W.VBox(list(sliders.values())), dropdown]), out])
+    display(panel)
+    redraw()
+    return panel

@@ -1,0 +1,270 @@
+"""The tiny world (小世界): arithmetic tasks, a small tokenizer and a ~1M-parameter Qwen2.
+
+Everything here runs on a laptop CPU and needs no model hub:
+
+    model, tokenizer = load_tiny()                    # data/tiny/, offline, < 2 s
+    tasks = make_tiny_tasks(64, seed=0, split="test")  # "What is 47 * 86?" ...
+
+    python -m helpers.tiny build                      # rebuild data/tiny/ from the seed
+
+The tokenizer is a byte-level BPE trained on tiny-world text, with the chat and
+tool-call format of Qwen2.5-Instruct, so the same env, rollout and reward code
+serves this model and Qwen:
+
+    <|im_start|>system\\n{system}\\nTools: calculator(expression)<|im_end|>\\n
+    <|im_start|>user\\nWhat is 47 * 86?<|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "47*86"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n4042\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<answer>4042</answer><|im_end|>\\n
+
+Simplifications, named:
+
+* Tools are listed as ONE short line (``Tools: calculator(expression)``: each
+  tool's name and argument names) instead of Qwen's long JSON tool preamble, which
+  would make every CPU prompt several hundred tokens long.
+* No default system prompt is inserted when the messages have none (Qwen inserts
+  "You are Qwen, ...").
+* Assistant tool calls are plain text in ``content`` (the format of
+  ``helpers.formats.format_tool_call``); the OpenAI-style ``tool_calls`` field is not rendered.
+* The BPE pre-tokenizer splits only at digits (each digit is its own token, so the
+  model can copy numbers digit by digit) and at special tokens, so merges may cross
+  spaces: the fixed JSON of a tool call costs a handful of tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from helpers.data import Task
+from helpers.paths import TINY_DIR
+
+# --- tokenizer -----------------------------------------------------------------------------
+
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [
+    PAD,  # id 0: padding (as Qwen's <|endoftext|>)
+    IM_START,
+    IM_END,  # end of turn = eos
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+]
+VOCAB_SIZE = 512  # at most: 9 special tokens + 256 bytes + merges (training stops near 440); Qwen has 151,646
+
+# Qwen2.5's roles and tool format; {% generation %} marks the tokens the model writes
+# (assistant content + <|im_end|>), so apply_chat_template(return_assistant_tokens_mask=True)
+# gives the SFT loss mask directly.
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{%- set ns = namespace(line='Tools:') %}"
+    "{%- for tool in tools %}"
+    "{%- set fn = tool.function if tool.function is defined else tool %}"
+    "{%- set ns.line = ns.line + (' ' if loop.first else ', ') + fn.name + '(' + (fn.parameters.properties | list | join(', ')) + ')' %}"
+    "{%- endfor %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}"
+    "{{- ns.line + '<|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}{{- message.content + '<|im_end|>' }}{%- endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def train_tokenizer(conversations: list[list[dict]], tools: list[dict] | None, vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE fitted to ``conversations`` rendered with CHAT_TEMPLATE, as a
+    transformers ``Qwen2Tokenizer`` carrying the template.
+
+    Why Qwen2Tokenizer: transformers 5 loads the tokenizer of any folder whose
+    config says ``model_type: qwen2`` as Qwen2Tokenizer, which rebuilds the text
+    pipeline (NFC, Qwen's split regex, byte level) around the saved vocabulary and
+    merges, ignoring the pipeline in tokenizer.json. A tokenizer trained with a
+    different pipeline would then encode differently after loading. So we train
+    with Qwen's exact pipeline: the regex puts each digit in its own piece (the
+    model copies numbers digit by digit) and keeps merges inside words.
+    Byte level means any text encodes (no unknown token).
+    """
+    from tokenizers import Tokenizer, models, trainers
+    from transformers import Qwen2Tokenizer
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    texts, _ = render_jinja_template(conversations, tools=tools, chat_template=CHAT_TEMPLATE)
+    pipeline = Qwen2Tokenizer()._tokenizer  # an empty Qwen2 tokenizer: we borrow its normalizer and pre-tokenizer
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer, bpe.pre_tokenizer = pipeline.normalizer, pipeline.pre_tokenizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=_byte_alphabet(), show_progress=False
+    )
+    bpe.train_from_iterator(texts, trainer)
+    trained = json.loads(bpe.to_str())["model"]
+    return Qwen2Tokenizer(
+        vocab=trained["vocab"],
+        merges=[tuple(m) for m in trained["merges"]],
+        eos_token=IM_END,
+        pad_token=PAD,
+        extra_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1024,
+    )
+
+
+def _byte_alphabet() -> list[str]:
+    """The 256 byte-level symbols, so every byte has a token before any merge."""
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel.alphabet()
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+TINY_SYSTEM = "Use the calculator tool if you need it. Give the answer as <answer>N</answer>."
+SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems in each split
+
+# Problem kinds: every operand has two digits, so the answer needs real multiplication
+# (too hard for a ~1M-parameter model in its head) but only copying for the calculator.
+KINDS = {
+    "mul": "{a} * {b}",  # 47 * 86
+    "mul_add": "{a} * {b} + {c}",  # 47 * 86 + 15
+    "mul_sub": "{a} * {b} - {c}",  # 47 * 86 - 15   (always positive: a*b >= 100 > c)
+}
+
+
+def split_of(expression: str) -> str:
+    """The split a problem belongs to, from a hash of its text: the same problem is
+    always in the same split, whatever the seed or the number of tasks asked for."""
+    u = int(hashlib.sha256(expression.encode()).hexdigest()[:8], 16) / 16**8  # uniform in [0, 1)
+    edge = 0.0
+    for name, share in SPLITS.items():
+        edge += share
+        if u < edge:
+            return name
+    return name
+
+
+def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
+    """``n`` distinct arithmetic tasks of one split, drawn from ``seed``.
+
+    Each task's prompt is [system, user]; ``answer`` is the exact integer as text;
+    ``metadata`` holds the ``expression`` a calculator needs ("47*86") and the ``kind``.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
+    rng = random.Random(f"tiny-{seed}-{split}")
+    tasks, seen = [], set()
+    while len(tasks) < n:
+        kind = rng.choice(list(KINDS))
+        a, b, c = (rng.randint(10, 99) for _ in range(3))
+        shown = KINDS[kind].format(a=a, b=b, c=c)  # what the question shows: "47 * 86"
+        expression = shown.replace(" ", "")  # what the calculator gets: "47*86"
+        if expression in seen or split_of(expression) != split:
+            continue
+        seen.add(expression)
+        answer = {"mul": a * b, "mul_add": a * b + c, "mul_sub": a * b - c}[kind]
+        prompt = [{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": f"What is {shown}?"}]
+        tasks.append(Task(f"tiny-{split}-{expression}", prompt, str(answer), {"expression": expression, "kind": kind}))
+    return tasks
+
+
+def calculator_tools() -> list[dict]:
+    """The calculator's JSON schema, from the environment that runs it."""
+    from helpers.envs.calculator import CalculatorEnv
+
+    return CalculatorEnv.tools
+
+
+def demonstration(task: Task, use_tool: bool) -> list[dict]:
+    """A full conversation solving ``task``: with a calculator call, or answered directly.
+
+    Direct answers are the true answer: the model is taught to try, and fails,
+    because it cannot multiply two-digit numbers in its head.
+    """
+    from helpers.formats import format_tool_call
+
+    final = {"role": "assistant", "content": f"<answer>{task.answer}</answer>"}
+    if not use_tool:
+        return task.prompt + [final]
+    call = {"role": "assistant", "content": format_tool_call("calculator", {"expression": task.metadata["expression"]})}
+    return task.prompt + [call, {"role": "tool", "content": task.answer}, final]
+
+
+# --- model ---------------------------------------------------------------------------------
+
+MODEL_SHAPE = dict(  # ~1M parameters; the embedding is tied to the output layer
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def new_model(tokenizer, seed: int = 0):
+    """A randomly initialised Qwen2ForCausalLM (the real class) sized for a CPU."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **MODEL_SHAPE,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def save_tiny(model, tokenizer, path: str | Path = TINY_DIR) -> None:
+    """Save model and tokenizer so that the Auto* classes load them back unchanged."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def load_tokenizer(path: str | Path = TINY_DIR):
+    """The tiny tokenizer, through ``AutoTokenizer`` as any user would load it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_resolve(path))
+
+
+def load_tiny(path: str | Path = TINY_DIR):
+    """``(model, tokenizer)`` from ``data/tiny/`` (relative paths resolve against the repo root)."""
+    from transformers import AutoModelForCausalLM
+
+    path = _resolve(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()
+    return model, load_tokenizer(path)
+
+
+def _resolve(path: str | Path) -> Path:
+    from helpers.paths import ROOT
+
+    path = Path(path)
+    return path if path.is_absolute() else ROOT / path

@@ -1,0 +1,281 @@
+"""The environments: contract (check_env), scripted episodes, limits, registry."""
+
+import time
+
+import pytest
+
+from helpers.data import Task
+from helpers.envs import (
+    INFO_KEYS,
+    STOP_REASONS,
+    CalculatorEnv,
+    Env,
+    EnvCheckError,
+    EnvError,
+    MathEnv,
+    StepResult,
+    Tool,
+    check_env,
+    judge_answer,
+    list_envs,
+    make_env,
+    register_env,
+)
+from helpers.formats import format_tool_call
+
+
+def arithmetic_task(expression: str, answer: str, i: int = 0) -> Task:
+    prompt = [{"role": "system", "content": "Use the calculator. Answer as <answer>N</answer>."}, {"role": "user", "content": f"What is {expression}?"}]
+    return Task(f"t{i}", prompt, answer, {"expression": expression})
+
+
+TASKS = [arithmetic_task("47*86", "4042", 0), arithmetic_task("12*12-5", "139", 1), arithmetic_task("7/2", "3.5", 2)]
+CALL = format_tool_call("calculator", {"expression": "47*86"})
+
+
+def calculator_solver(task):
+    return [format_tool_call("calculator", {"expression": task.metadata["expression"]}), f"So it is <answer>{task.answer}</answer>."]
+
+
+# --- the contract -------------------------------------------------------------------------------
+
+
+def test_check_env_passes_on_builtin_envs():
+    assert check_env(make_env("math"), TASKS, n_random=15, solver=lambda t: [f"<answer>{t.answer}</answer>"]) == []
+    assert check_env(make_env("calculator", max_steps=4), TASKS, n_random=30, solver=calculator_solver) == []
+
+
+class BrokenEnv(Env):
+    """Breaks the contract in three ways check_env must catch."""
+
+    def reset(self, task):
+        self.task, self.steps, self.stop_reason = task, 0, None
+        return task.prompt  # no copy
+
+    def step(self, action):
+        if "<answer>" not in action:
+            raise ValueError("cannot parse")  # raises on bad model output
+        self.stop_reason = "done"  # not a STOP_REASON
+        return StepResult([], 1.0, True, False, {"stop_reason": "done"})  # info keys missing
+
+
+def test_check_env_reports_violations():
+    problems = check_env(BrokenEnv(), TASKS[:1], n_random=3)
+    text = "\n".join(problems)
+    assert "step() raised ValueError" in text
+    assert "not one of" in text and "info is missing keys" in text
+    assert "must raise EnvError" in text
+    with pytest.raises(EnvCheckError, match="BrokenEnv"):
+        check_env(BrokenEnv(), TASKS[:1], n_random=1, strict=True)
+
+
+def test_check_env_catches_a_bad_solver():
+    problems = check_env(make_env("math"), TASKS[:1], n_random=0, solver=lambda t: ["<answer>-1</answer>"])
+    assert len(problems) == 1 and "expected reward 1.0" in problems[0]
+
+
+def test_step_outside_an_episode_raises_env_error():
+    env = MathEnv()
+    with pytest.raises(EnvError, match="before reset"):
+        env.step("<answer>1</answer>")
+    env.reset(TASKS[0])
+    env.step("<answer>1</answer>")
+    with pytest.raises(EnvError, match="after the episode ended"):
+        env.step("<answer>1</answer>")
+
+
+# --- MathEnv ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, reward, verdict, predicted, strict",
+    [
+        ("47*86 = 4042, so <answer>4042</answer>", 1.0, "correct", "4042", True),
+        ("<answer>$4,042.00</answer>", 1.0, "correct", "4042", True),
+        ("the answer is \\boxed{4042}", 1.0, "correct", "4042", False),
+        ("it is 4042.", 1.0, "correct", "4042", False),  # lenient: the last number
+        ("<answer>4041</answer>", 0.0, "wrong_number", "4041", True),
+        ("<answer>4042</answer> or <answer>4041</answer>", 0.0, "wrong_number", "4041", False),  # the last tag counts
+        ("I don't know", 0.0, "no_answer", None, False),
+        ("<answer></answer>", 0.0, "no_answer", None, False),
+        ("<answer>forty-two</answer>", 0.0, "wrong_answer", "forty-two", True),
+    ],
+)
+def test_math_env_scripted(text, reward, verdict, predicted, strict):
+    env = MathEnv()
+    messages = env.reset(TASKS[0])
+    assert messages == TASKS[0].prompt and messages is not TASKS[0].prompt
+    result = env.step(text)
+    assert (result.reward, result.terminated, result.truncated, result.observation) == (reward, True, False, [])
+    assert result.info["verdict"] == verdict and result.info["predicted"] == predicted
+    assert result.info["strict_format"] is strict
+    assert result.info["stop_reason"] == env.stop_reason == "answered"
+    assert result.info["correct"] is (reward == 1.0)
+    assert all(key in result.info for key in INFO_KEYS)
+
+
+def test_judge_uses_math_verify_for_non_numeric_answers():
+    assert judge_answer("<answer>\\frac{7}{2}</answer>", "3.5")["verdict"] == "correct"
+    assert judge_answer("<answer>7/2</answer>", "3.5")["correct"]
+    assert judge_answer("<answer>x+1</answer>", "1+x")["correct"]  # a non-numeric gold
+    assert judge_answer("<answer>x+2</answer>", "1+x")["verdict"] == "wrong_answer"
+
+
+# --- CalculatorEnv --------------------------------------------------------------------------------
+
+
+def test_calculator_tool_schema():
+    (schema,) = CalculatorEnv.tools
+    function = schema["function"]
+    assert schema["type"] == "function" and function["name"] == "calculator"
+    assert function["parameters"]["properties"]["expression"]["type"] == "string"
+    assert function["parameters"]["required"] == ["expression"]
+    assert make_env("calculator").tools == CalculatorEnv.tools
+
+
+def test_calculator_env_correct_episode():
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    first = env.step("Let me compute.\n" + CALL)
+    assert first.observation == [{"role": "tool", "content": "4042"}]
+    assert (first.reward, first.done, first.info["tool_calls"], first.info["stop_reason"]) == (0.0, False, 1, None)
+    final = env.step("<answer>4042</answer>")
+    assert (final.reward, final.terminated, final.observation) == (1.0, True, [])
+    assert final.info["verdict"] == "correct" and final.info["tool_calls"] == 1 and final.info["tool_errors"] == 0
+
+
+def test_calculator_env_wrong_and_no_answer():
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    result = env.step("<answer>4000</answer>")
+    assert (result.reward, result.info["verdict"], result.info["stop_reason"]) == (0.0, "wrong_number", "answered")
+    env.reset(TASKS[0])
+    result = env.step("I cannot do this.")
+    assert (result.reward, result.info["verdict"]) == (0.0, "no_answer")
+
+
+def test_two_calls_in_one_turn_give_two_messages():
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    text = format_tool_call("calculator", {"expression": "1+1"}) + "\n" + format_tool_call("calculator", {"expression": "7/2"})
+    result = env.step(text)
+    assert result.observation == [{"role": "tool", "content": "2"}, {"role": "tool", "content": "3.5"}]
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        ("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1+1\"\n</tool_call>", "error: malformed JSON"),
+        ("<tool_call>\n[1, 2]\n</tool_call>", "error: tool call needs"),
+        (format_tool_call("search", {"query": "x"}), "error: unknown tool 'search'; available: calculator"),
+        (format_tool_call("calculator", {}), "error: calculator needs argument 'expression'"),
+        (format_tool_call("calculator", {"expression": "1", "mode": "x"}), "error: calculator got unexpected argument 'mode'"),
+        (format_tool_call("calculator", {"expression": "__import__('os').system('id')"}), "error: function calls are not allowed"),
+        (format_tool_call("calculator", {"expression": "1/0"}), "error: division by zero"),
+    ],
+)
+def test_bad_tool_calls_become_error_observations(call, error):
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    result = env.step(call)
+    assert not result.done
+    (message,) = result.observation
+    assert message["role"] == "tool" and message["content"].startswith(error), message
+    assert result.info["tool_errors"] == 1 and result.info["tool_calls"] == 1
+    final = env.step("<answer>4042</answer>")  # the model can still recover
+    assert final.reward == 1.0 and final.info["tool_errors"] == 1
+
+
+def test_25_tool_calls_in_a_row_end_at_max_steps():
+    env = make_env("calculator", max_steps=10)
+    env.reset(TASKS[0])
+    results = []
+    for _ in range(25):
+        results.append(env.step(CALL))
+        if results[-1].done:
+            break
+    last = results[-1]
+    assert len(results) == 10
+    assert (last.terminated, last.truncated, last.reward) == (False, True, 0.0)
+    assert last.info["stop_reason"] == "max_steps" and last.info["verdict"] == "no_answer"
+    assert last.info["tool_calls"] == 10 and "max_steps=10" in last.info["limit"]
+
+
+def test_too_many_calls_in_one_turn_are_skipped():
+    env = make_env("calculator", max_calls_per_step=3)
+    env.reset(TASKS[0])
+    result = env.step(CALL * 5)
+    assert [m["content"] for m in result.observation] == ["4042"] * 3 + ["error: at most 3 tool calls per turn; 2 skipped"]
+    assert result.info["tool_calls"] == 3
+
+
+def test_long_tool_output_is_truncated_and_says_so():
+    env = make_env("calculator", max_observation_chars=50)
+    env.reset(TASKS[0])
+    result = env.step(format_tool_call("calculator", {"expression": "7**500"}))  # 423 digits
+    content = result.observation[0]["content"]
+    assert content.startswith("3") and len(content) < 120
+    assert content.endswith("[truncated: 373 more characters]")
+
+
+SLOW = Tool("sleep", "Wait this many seconds.", {"seconds": "how long"}, fn=lambda seconds: time.sleep(float(seconds)) or "done")
+register_env("slow_calculator", lambda **kw: CalculatorEnv(extra_tools=[SLOW], **kw))
+
+
+def test_a_tool_that_hangs_ends_at_the_step_timeout():
+    env = make_env("slow_calculator", step_timeout=0.3)
+    env.reset(TASKS[0])
+    assert env.step(format_tool_call("sleep", {"seconds": "0.01"})).observation == [{"role": "tool", "content": "done"}]
+    start = time.monotonic()
+    result = env.step(format_tool_call("sleep", {"seconds": "30"}))
+    assert time.monotonic() - start < 2.0
+    assert (result.truncated, result.terminated, result.info["stop_reason"]) == (True, False, "timeout")
+    assert "did not return" in result.info["limit"] and result.info["tool_errors"] == 1
+    assert check_env(make_env("slow_calculator", step_timeout=0.3), TASKS, n_random=10) == []
+
+
+def test_episode_timeout():
+    env = make_env("slow_calculator", step_timeout=5.0, episode_timeout=0.4)
+    env.reset(TASKS[0])
+    start = time.monotonic()
+    result = env.step(format_tool_call("sleep", {"seconds": "30"}))  # the call is bounded by the episode's time left
+    assert time.monotonic() - start < 2.0 and result.info["stop_reason"] == "timeout"
+    env.reset(TASKS[0])
+    time.sleep(0.45)  # a slow policy: the episode is over before it answers
+    result = env.step("<answer>4042</answer>")
+    assert result.info["stop_reason"] == "timeout" and result.reward == 0.0 and "episode_timeout" in result.info["limit"]
+
+
+def test_truncate_from_outside():
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    env.step(CALL)
+    result = env.truncate("max_tokens")
+    assert (result.truncated, result.info["stop_reason"], result.info["verdict"], result.info["tool_calls"]) == (True, "max_tokens", "no_answer", 1)
+    with pytest.raises(ValueError, match="unknown stop_reason"):
+        make_env("math").truncate("bored")
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+
+def test_registry():
+    assert {"math", "calculator"} <= set(list_envs())
+    with pytest.raises(KeyError, match="unknown env 'nope'; registered: "):
+        make_env("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_env("math", CalculatorEnv)
+
+    @register_env("test_echo")
+    class EchoEnv(MathEnv):
+        pass
+
+    assert isinstance(make_env("test_echo"), EchoEnv)
+    register_env("test_echo", EchoEnv)  # the same definition again (a re-run notebook cell) is fine
+    register_env("test_not_an_env", lambda: "oops")
+    with pytest.raises(TypeError, match="not an Env"):
+        make_env("test_not_an_env")
+
+
+def test_stop_reasons_are_the_documented_ones():
+    assert STOP_REASONS == ("answered", "max_steps", "timeout", "max_tokens", "error")

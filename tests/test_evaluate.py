@@ -1,0 +1,72 @@
+"""Tests for helpers.evaluate: metrics of scripted policies whose right answers we know."""
+
+import pytest
+
+from helpers.data import Task
+from helpers.envs import make_env
+from helpers.evaluate import breakdown, evaluate, load_records, pass_at_k, save_records
+from helpers.formats import format_tool_call
+from helpers.policy import ScriptedPolicy
+from helpers.tiny import TINY_SYSTEM, load_tokenizer
+
+CALL = format_tool_call("calculator", {"expression": "47*86"})
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def task(i: int, answer: str = "4042") -> Task:
+    prompt = [{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": "What is 47 * 86?"}]
+    return Task(f"t{i}", prompt, answer, {"expression": "47*86"})
+
+
+def run(tokenizer, replies, tasks, **kw):
+    env = lambda: make_env("calculator", max_steps=3)  # noqa: E731
+    return evaluate(ScriptedPolicy(tokenizer, replies), tasks, env, max_steps=3, **kw)
+
+
+def test_direct_correct_answer(tokenizer):
+    result = run(tokenizer, ["<answer>4042</answer>"], [task(0), task(1)])
+    m = result.metrics
+    assert (m["success"], m["tool_use"], m["mean_turns"], m["truncated"], m["n"]) == (1.0, 0.0, 1.0, 0.0, 2)
+    assert breakdown(result.records) == {"correct": 2}
+    assert result.records[0]["predicted"] == "4042" and result.records[0]["stop_reason"] == "answered"
+
+
+def test_tool_then_answer_counts_tool_use_and_turns(tokenizer):
+    result = run(tokenizer, [CALL, "<answer>4042</answer>"], [task(0)], k=2)
+    m = result.metrics
+    assert (m["success"], m["tool_use"], m["mean_turns"], m["pass@2"]) == (1.0, 1.0, 2.0, 1.0)
+    assert result.records[0]["tool_calls"] == 1 and result.records[0]["correct_of_2"] == 2
+
+
+def test_half_right_and_the_breakdown_of_failures(tokenizer):
+    # The same reply is right for the first task and a wrong number for the second.
+    result = run(tokenizer, ["<answer>4042</answer>"], [task(0), task(1, answer="4043")])
+    assert result.metrics["success"] == 0.5
+    assert breakdown(result.records) == {"correct": 1, "wrong_number": 1}
+    no_answer = run(tokenizer, ["I do not know."], [task(0)])
+    assert breakdown(no_answer.records) == {"no_answer": 1}
+
+
+def test_looping_agent_is_truncated(tokenizer):
+    result = run(tokenizer, [CALL], [task(0)])  # calls the tool forever
+    assert result.metrics["truncated"] == 1.0 and result.metrics["success"] == 0.0
+    assert result.records[0]["stop_reason"] == "max_steps" and result.records[0]["turns"] == 3
+    assert breakdown(result.records) == {"truncated": 1}
+
+
+def test_records_round_trip(tokenizer, tmp_path):
+    result = run(tokenizer, [CALL, "<answer>4042</answer>"], [task(0), task(1)])
+    path = save_records(tmp_path / "eval.jsonl", result.records)
+    assert load_records(path) == result.records
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(10, 5, 1) == pytest.approx(0.5)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 2)

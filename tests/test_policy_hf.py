@@ -1,0 +1,109 @@
+"""The transformers backend: batched, KV-cached sampling that returns the right log-probs."""
+
+import pytest
+import torch
+
+from helpers.policy import HFPolicy, SamplingParams
+from helpers.policy.hf import sample_next
+from helpers.tiny import load_tiny
+
+torch.set_num_threads(1)
+
+# Prompts of different lengths, so left padding and per-row positions matter.
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 50], [1, 60, 61, 62, 63]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_tiny()
+    return model.float().eval(), tokenizer
+
+
+def fresh_logprobs(model, prompt, completion, temperature=1.0):
+    """Log-probs of ``completion`` after ``prompt`` from one plain forward pass (no padding, no cache)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float() / temperature  # (T, V)
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # predictions for the completion tokens
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_a_fresh_forward_pass(tiny, temperature):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    params = SamplingParams(max_new_tokens=30, temperature=temperature, stop_token_ids=[tokenizer.eos_token_id], seed=0)
+    gens = policy.generate(PROMPTS, params)
+    for prompt, gen in zip(PROMPTS, gens):
+        assert len(gen.token_ids) == len(gen.logprobs) > 0
+        expected = fresh_logprobs(model, prompt, gen.token_ids, temperature)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4), (gen.logprobs[:5], expected[:5])
+
+
+def test_stop_tokens_end_each_row_on_its_own(tiny):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    # Stop on a few common tokens so that rows stop at different steps.
+    stops = list(range(3, 120))
+    gens = policy.generate(PROMPTS * 4, SamplingParams(max_new_tokens=20, stop_token_ids=stops, seed=1))
+    assert {g.finish_reason for g in gens} <= {"stop", "length"}
+    for g in gens:
+        hits = [i for i, t in enumerate(g.token_ids) if t in stops]
+        if g.finish_reason == "stop":
+            assert hits == [len(g.token_ids) - 1]  # exactly one stop token, the last one
+        else:
+            assert hits == [] and len(g.token_ids) == 20
+    assert len({len(g.token_ids) for g in gens}) > 1  # rows really finished at different steps
+
+
+def test_greedy_is_deterministic_and_padding_free(tiny):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=[tokenizer.eos_token_id])
+    batched = policy.generate(PROMPTS + PROMPTS, params)
+    alone = [policy.generate([p], params)[0] for p in PROMPTS]
+    for i, g in enumerate(alone):
+        assert batched[i].token_ids == batched[i + len(PROMPTS)].token_ids == g.token_ids
+        assert torch.allclose(torch.tensor(batched[i].logprobs), torch.tensor(g.logprobs), atol=1e-4)
+        with torch.no_grad():
+            assert g.token_ids[0] == model(torch.tensor([PROMPTS[i]])).logits[0, -1].argmax().item()
+
+
+def test_seed_reproduces_and_samples_differ(tiny):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    params = SamplingParams(max_new_tokens=15, temperature=1.0, seed=3)
+    a = policy.generate([PROMPTS[0]] * 4, params)
+    b = policy.generate([PROMPTS[0]] * 4, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert len({tuple(g.token_ids) for g in a}) > 1  # four samples of one prompt are not all equal
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]] * 2000)  # p ~ (0.71, 0.26, 0.04, 0.01)
+    tokens, logprobs = sample_next(logits, temperature=1.0, top_p=0.8, generator=torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {0, 1}  # the two tokens that reach 0.8 together
+    assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1))
+    greedy, _ = sample_next(logits[:1], temperature=0.0, top_p=1.0)
+    assert greedy.tolist() == [0]
+
+
+def test_works_with_a_peft_model(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny
+    peft_model = get_peft_model(load_tiny()[0].float(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.train()  # generate must switch to eval and back
+    policy = HFPolicy(peft_model, tokenizer)
+    gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=10, seed=0))
+    assert peft_model.training
+    peft_model.eval()
+    for prompt, gen in zip(PROMPTS, gens):
+        assert torch.allclose(torch.tensor(gen.logprobs), fresh_logprobs(peft_model, prompt, gen.token_ids), atol=1e-4)
+
+
+def test_bad_input_is_refused(tiny):
+    policy = HFPolicy(*tiny)
+    assert policy.generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        policy.generate([[]], SamplingParams())
