@@ -118,6 +118,8 @@ def summarize(records: list[dict]) -> dict[str, float]:
     strict = [r["strict_format"] for r in records if r.get("strict_format") is not None]
     if strict:
         metrics["strict_format"] = sum(map(bool, strict)) / len(strict)
+        # strict accuracy: right AND in the asked-for format; "success" is the lenient accuracy (GSM8K, issue 9)
+        metrics["strict_success"] = sum(bool(r["correct"]) and bool(r.get("strict_format")) for r in records) / n
     return metrics
 
 

@@ -385,7 +385,11 @@ class LoRAGRPO:
             model = get_peft_model(model, lora)
         self.model = model.to(self.device)
         if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, ~30% more compute
-            self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base = self.model.get_base_model()
+            if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x renamed it
+                base.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # bf16 autocast on a GPU that has it; float32 elsewhere (CPU autocast is slow and not needed for a tiny model)
         self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # the adapter, nothing else
@@ -550,6 +554,23 @@ def _completion_aligned(full: torch.Tensor, mask: torch.Tensor, width: int) -> t
     return out
 
 
+def trajectories_from_trl(inputs: dict, tasks, rewards: list[float]) -> list:
+    """TRL's batch (left-padded prompts, right-padded completions) as our Trajectories:
+    unpadded prompt + completion, mask 1 on the completion. Old log-probs are left at 0."""
+    from helpers.rollout import Trajectory
+
+    G = len(rewards) // len(tasks)
+    trajectories = []
+    for n in range(len(rewards)):
+        prompt = inputs["prompt_ids"][n][inputs["prompt_mask"][n].bool()].tolist()
+        completion = inputs["completion_ids"][n][inputs["completion_mask"][n].bool()].tolist()
+        trajectories.append(Trajectory(task=tasks[n // G], group=n % G, token_ids=prompt + completion,
+                                       mask=[0] * len(prompt) + [1] * len(completion),
+                                       logprobs=[0.0] * (len(prompt) + len(completion)), prompt_len=len(prompt),
+                                       reward=rewards[n]))
+    return trajectories
+
+
 def compare_with_trl(trainer: LoRAGRPO, tokenizer, tasks, max_completion_length: int = 16,
                      old_noise: float = 0.3, seed: int = 0) -> dict:
     """Feed one batch to our loss and to TRL's ``GRPOTrainer._compute_loss``; return both.
@@ -565,8 +586,6 @@ def compare_with_trl(trainer: LoRAGRPO, tokenizer, tasks, max_completion_length:
     """
     import copy
     import tempfile
-
-    from helpers.rollout import Trajectory
 
     cfg = trainer.config
     G = cfg.num_generations
@@ -586,15 +605,7 @@ def compare_with_trl(trainer: LoRAGRPO, tokenizer, tasks, max_completion_length:
     inputs["completion_mask"] = inputs["completion_mask"] * keep
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
 
-    # Our Trajectories from TRL's tensors: unpadded prompt + completion, mask 1 on the completion.
-    trajectories = []
-    for n in range(len(rows)):
-        prompt = inputs["prompt_ids"][n][inputs["prompt_mask"][n].bool()].tolist()
-        completion = inputs["completion_ids"][n][inputs["completion_mask"][n].bool()].tolist()
-        trajectories.append(Trajectory(task=tasks[n // G], group=n % G, token_ids=prompt + completion,
-                                       mask=[0] * len(prompt) + [1] * len(completion),
-                                       logprobs=[0.0] * (len(prompt) + len(completion)), prompt_len=len(prompt),
-                                       reward=rewards_drawn[n]))
+    trajectories = trajectories_from_trl(inputs, tasks, rewards_drawn)
     batch = collate(trajectories, cfg.scale_rewards)
     with torch.no_grad():
         current = trainer.logprobs(batch.input_ids, batch.mask)  # (N, T)

@@ -208,6 +208,7 @@ class JudgeReward:
         self.cache: dict[str, float] = {}
         self.stats = JudgeStats()
         self.failures: list[dict] = []  # {"task_id", "group", "kind", "reply"}: what could not be scored and why
+        self._fresh: set[str] = set()  # keys ``prepare`` just judged: their first read is not a cache hit
         self._lock = threading.Lock()
 
     # -- prompts ---------------------------------------------------------------------------
@@ -255,12 +256,19 @@ class JudgeReward:
             self.failures.append({"task_id": traj.task_id, "group": traj.group, "kind": "parse", "reply": reply[:200]})
         return 0.0
 
+    def _cached(self, key: str) -> float:
+        """Read a cached value; a cache hit is a judge call saved, so prepare's own results don't count."""
+        with self._lock:
+            if key in self._fresh:
+                self._fresh.discard(key)
+            else:
+                self.stats.cache_hits += 1
+        return self.cache[key]
+
     def __call__(self, traj: Trajectory) -> float:
         key = self.key(traj)
         if key in self.cache:
-            with self._lock:
-                self.stats.cache_hits += 1
-            return self.cache[key]
+            return self._cached(key)
         reply = self._ask(self.messages(traj), traj)
         if reply is None:
             return 0.0  # not cached: a timeout may succeed next time
@@ -272,17 +280,19 @@ class JudgeReward:
 
     def prepare(self, trajs: list[Trajectory]) -> None:
         """Judge a batch ahead of scoring, ``max_workers`` requests at a time (fills the cache)."""
-        todo = list({self.key(t): t for t in trajs if self.key(t) not in self.cache}.values())
+        todo = {self.key(t): t for t in trajs if self.key(t) not in self.cache}
         if self.max_workers > 1 and len(todo) > 1:
             with ThreadPoolExecutor(self.max_workers) as pool:
-                list(pool.map(self, todo))
+                list(pool.map(self, todo.values()))
         else:
-            for t in todo:
+            for t in todo.values():
                 self(t)
+        self._fresh.update(k for k in todo if k in self.cache)
 
     def cost(self) -> str:
         s = self.stats
-        return (f"judge {getattr(self.backend, 'name', '?')}: {s.calls} calls, {s.cache_hits} cache hits, "
+        backend = getattr(self.backend, "name", None) or getattr(self.backend, "__name__", type(self.backend).__name__)
+        return (f"{self.name} ({backend}): {s.calls} calls, {s.cache_hits} cache hits, "
                 f"{s.prompt_tokens} prompt + {s.completion_tokens} completion tokens, "
                 f"{s.parse_failures} parse failures, {s.errors} errors/timeouts, {s.seconds:.1f} s")
 
@@ -315,7 +325,10 @@ class GroupJudge(JudgeReward):
         for i, traj in enumerate(group):
             score = scores.get(i + 1)
             ok = score is not None and 1 <= score <= 10
-            self.cache[self.key(traj)] = (score - 1) / 9 if ok else self._parse_failure(traj, reply.text)
+            key = self.key(traj)
+            self.cache[key] = (score - 1) / 9 if ok else self._parse_failure(traj, reply.text)
+            with self._lock:
+                self._fresh.add(key)
 
     def __call__(self, traj: Trajectory) -> float:
         key = self.key(traj)
@@ -323,10 +336,7 @@ class GroupJudge(JudgeReward):
             self.judge_group([traj])
             if key not in self.cache:  # the call failed (recorded in failures)
                 return 0.0
-        else:
-            with self._lock:
-                self.stats.cache_hits += 1
-        return self.cache[key]
+        return self._cached(key)
 
     def prepare(self, trajs: list[Trajectory]) -> None:
         groups: dict[str, list[Trajectory]] = {}

@@ -282,7 +282,7 @@ def rollout(
     t_start = time.perf_counter()
     bar = tqdm(total=stats.episodes, desc="episodes", disable=not progress, leave=False)
 
-    def finish(ep: _Episode, reason: str, final_reward: float = 0.0) -> None:
+    def finish(ep: _Episode, reason: str, final_reward: float = 0.0, **extra_info) -> None:
         """End an episode. If the env is still running (a rollout limit ended it), the env is
         told with ``env.truncate(reason)``, which returns the episode's full final info."""
         if not ep.env.is_done():
@@ -290,9 +290,9 @@ def rollout(
                 result = ep.env.truncate(reason)
                 ep.info, final_reward = dict(result.info), float(result.reward)
             except Exception as error:  # the env cannot be truncated (a step is still running in its thread)
-                ep.info = {**ep.info, "truncate_error": f"{type(error).__name__}: {error}"}
+                extra_info["truncate_error"] = f"{type(error).__name__}: {error}"
         ep.stop_reason = reason
-        ep.info = {**ep.info, "stop_reason": reason}
+        ep.info = {**ep.info, **extra_info, "stop_reason": reason}
         ep.reward = final_reward
         ep.wall_time = time.perf_counter() - ep.start
         bar.update(1)
@@ -348,8 +348,7 @@ def rollout(
             try:
                 result = future.result()
             except Exception as error:  # an env bug, not bad model output (envs never raise on that)
-                ep.info = {**ep.info, "error": f"{type(error).__name__}: {error}"}
-                finish(ep, "error")
+                finish(ep, "error", error=f"{type(error).__name__}: {error}")
                 continue
             ep.step_rewards.append(float(result.reward))
             ep.info = dict(result.info)

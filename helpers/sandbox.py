@@ -9,10 +9,12 @@ and reports how it ended, in one line (``result.error``), without ever raising.
 
 What the sandbox DOES (each a layer; later layers catch what earlier ones miss):
 
-1. A separate process, ``python -I`` (isolated mode: no ``PYTHON*`` variables, no
-   user site-packages, the script's directory not on ``sys.path``), in a fresh,
+1. A separate process, ``python -I -S`` (isolated mode: no ``PYTHON*`` variables, no
+   user site-packages, the script's directory not on ``sys.path``; ``-S``: no
+   site-packages either, the standard library only, and a faster start), in a fresh,
    empty temporary working directory that is deleted afterwards.
-2. An empty environment: no inherited variables (API keys, tokens, ``HOME``).
+2. An empty environment: no inherited variables (API keys, tokens, ``HOME``). Python
+   itself then adds only ``LC_CTYPE=C.UTF-8`` (locale coercion, PEP 538).
 3. Resource limits (``setrlimit``) in the child: CPU seconds (``RLIMIT_CPU``),
    address space (``RLIMIT_AS``: allocating 10 GB fails with ``MemoryError``),
    processes (``RLIMIT_NPROC``), size of any file written (``RLIMIT_FSIZE``),
@@ -23,7 +25,8 @@ What the sandbox DOES (each a layer; later layers catch what earlier ones miss):
    killed (printing 100 MB costs us 1 MB of memory, not 100).
 6. A Python audit hook (PEP 578), installed before the code runs, refuses: creating
    processes (``os.fork``, ``os.system``, ``subprocess``, ``os.exec*``, ``posix_spawn``),
-   signals to other processes (``os.kill``), sockets (connect, bind, DNS), ``ctypes``,
+   signals to other processes (``os.kill``), sockets (connect, bind, DNS), ``ctypes``
+   calls into C functions or raw memory (importing ``ctypes`` is allowed: numpy needs it),
    writing, deleting, renaming or linking files outside the working directory, and
    reading other processes' ``/proc`` entries (their environment).
 7. When run as root (Colab, containers), the child drops to the ``nobody`` user if
@@ -79,6 +82,7 @@ class Limits:
     open_files: int = 64  # RLIMIT_NOFILE
     output_bytes: int = 1 * _MB  # captured stdout, and separately stderr
     audit: bool = True  # install the audit hook (layer 6)
+    site_packages: bool = False  # let the code import installed packages (drops -S)
 
 
 @dataclass
@@ -120,7 +124,9 @@ if cfg["audit"]:
     DENY = {"os.system", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen",
             "os.kill", "os.killpg", "signal.pthread_kill", "os.symlink", "os.link", "os.chroot",
             "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname"}
-    DENY_IMPORT = {"subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "ctypes", "_ctypes", "pty"}
+    DENY_IMPORT = {"subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty"}
+    # ctypes may be imported (numpy needs it) but not used to reach C functions or raw memory
+    ALLOW_CTYPES = {"ctypes.dlopen", "ctypes.addressof", "ctypes.create_string_buffer", "ctypes.create_unicode_buffer"}
     PATH_EVENTS = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
                    "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
     WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -132,7 +138,7 @@ if cfg["audit"]:
         return real != ROOT and not real.startswith(ROOT + os.sep)
 
     def _hook(event, args):
-        if event in DENY or event.startswith("ctypes."):
+        if event in DENY or (event.startswith("ctypes.") and event not in ALLOW_CTYPES) or (event == "ctypes.dlopen" and args[0] is not None):
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "import" and args[0] in DENY_IMPORT:
             raise PermissionError(f"sandbox: import {args[0]} is not allowed")
@@ -239,7 +245,7 @@ def run_python(code: str, files: dict[str, str] | None = None, stdin: str = "", 
         }
         try:
             proc = subprocess.Popen(
-                [python, "-I", "-c", _LAUNCHER, json.dumps(config)],
+                [python, "-I", *([] if limits.site_packages else ["-S"]), "-c", _LAUNCHER, json.dumps(config)],
                 cwd=workdir,
                 env={},
                 stdin=subprocess.PIPE,

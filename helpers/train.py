@@ -42,6 +42,8 @@ Simplifications, named:
 - ``kl`` is measured on the sampled batch *before* the update (policy at sampling time vs
   the reference), with one extra no-grad forward pass, counted in ``t_update``. With
   ``beta > 0`` the trainer's own KL (during the update) is logged instead.
+- Evaluations between the first and the last are greedy only (pass@k costs k episodes per
+  task, k times the greedy evaluation); pass@k is measured before and after.
 - The evaluation tasks are fixed (the same for every seed) so seeds compare; they are a
   held-out split that training never samples from.
 """
@@ -334,7 +336,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     """Run GRPO as ``config`` says; return before/after evaluation, the metric history and the run folder.
 
     live: a ``helpers.live.LiveCurves`` (or anything with ``update(step, metrics)``, ``record(step,
-          metrics)`` and ``close()``); None makes one that picks notebook curves or console lines.
+          metrics)`` and ``save(path)``); None makes one that picks notebook curves or console lines.
     """
     import torch
 
@@ -372,7 +374,8 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     reporters = Reporters(config.report_to, run_dir, config)
 
     def run_eval(step: int) -> dict:
-        result = evaluate(policy, eval_tasks, make_env, k=config.pass_k, temperature=config.temperature,
+        k = config.pass_k if step in (0, config.steps) else 0  # pass@k (k samples per task) only before and after
+        result = evaluate(policy, eval_tasks, make_env, k=k, temperature=config.temperature,
                           max_new_tokens=config.max_new_tokens, seed=config.seed, **limits)
         save_records(run_dir / EVAL_DIR / f"step-{step:04d}.jsonl", result.records)
         save_trajectories(run_dir / EVAL_DIR / f"step-{step:04d}.trajectories.jsonl", result.trajectories)
@@ -444,7 +447,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     after = {k[len("eval/"):]: v for k, v in history[-1].items() if k.startswith("eval/")}
     result = RunResult(run_dir, config, before, after, history, warned,
                        time.perf_counter() - t_start, time.process_time() - cpu_start)
-    live.close()
+    live.save(run_dir / "curves.png")  # in the run folder, whatever folder the live object was made with
     reporters.close()
     (run_dir / "summary.json").write_text(json.dumps(
         {"preset": preset_name, "before": before, "after": after, "wall_s": result.wall_s, "cpu_s": result.cpu_s,

@@ -1,5 +1,6 @@
 """The environments: contract (check_env), scripted episodes, limits, registry."""
 
+import os
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from helpers.envs import (
     INFO_KEYS,
     STOP_REASONS,
     CalculatorEnv,
+    CodeEnv,
     Env,
     EnvCheckError,
     EnvError,
@@ -16,12 +18,15 @@ from helpers.envs import (
     StepResult,
     Tool,
     check_env,
+    extract_code,
     judge_answer,
     list_envs,
+    load_code_tasks,
     make_env,
     register_env,
 )
 from helpers.formats import format_tool_call
+from helpers.sandbox import Limits
 
 
 def arithmetic_task(expression: str, answer: str, i: int = 0) -> Task:
@@ -279,3 +284,98 @@ def test_registry():
 
 def test_stop_reasons_are_the_documented_ones():
     assert STOP_REASONS == ("answered", "max_steps", "timeout", "max_tokens", "error")
+
+
+# --- CodeEnv -------------------------------------------------------------------------------------
+
+CODE_TASKS = load_code_tasks()
+ADD = next(t for t in CODE_TASKS if t.metadata["entry_point"] == "add")
+
+
+def test_code_tasks_file_is_sound():
+    assert len(CODE_TASKS) >= 20 and len({t.id for t in CODE_TASKS}) == len(CODE_TASKS)
+    env = CodeEnv()
+    for task in CODE_TASKS:  # each reference solution passes every assert; a stub passes none
+        assert task.metadata["signature"] in task.prompt[-1]["content"] and task.metadata["solution"] not in task.prompt[-1]["content"]
+        env.reset(task)
+        result = env.step(f"```python\n{task.metadata['solution']}\n```")
+        assert result.reward == 1.0, (task.id, result.info)
+        env.reset(task)
+        stub = f"{task.metadata['signature']}\n    return object()"  # a wrong answer of the right shape
+        assert env.step(stub).reward == 0.0, task.id
+
+
+def test_check_env_passes_on_code_env():
+    assert check_env(make_env("code"), CODE_TASKS[:2], n_random=6, solver=lambda t: [t.metadata["solution"]]) == []
+
+
+def test_extract_code():
+    assert extract_code("Sure:\n```python\ndef f():\n    return 1\n```\nDone.") == "def f():\n    return 1"
+    two = "```python\ndef add(a, b):\n    return a + b\n```\nUsage:\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(two, "add").startswith("def add")  # the block that defines the function
+    assert extract_code("def add(a, b): return a+b") == "def add(a, b): return a+b"  # no block: the whole text
+
+
+@pytest.mark.parametrize(
+    "code, reward, verdict",
+    [
+        ("def add(a, b):\n    return a + b", 1.0, "correct"),
+        ("def add(a, b):\n    return 3", 0.25, "tests_failed"),  # partial credit: 1 of 4 asserts
+        ("def add(a, b)\n    return a + b", 0.0, "error"),
+        ("", 0.0, "no_answer"),
+    ],
+)
+def test_code_env_scripted(code, reward, verdict):
+    env = make_env("code")
+    env.reset(ADD)
+    result = env.step(f"```python\n{code}\n```" if code else "")
+    assert (result.reward, result.info["verdict"], result.info["stop_reason"], result.terminated) == (reward, verdict, "answered", True)
+    assert result.info["total"] == 4 and result.info["correct"] is (verdict == "correct")
+
+
+HOSTILE = [  # (name, code, verdict, text that must be in info["error"] or the failures)
+    ("infinite loop", "def add(a, b):\n    return a + b\nwhile True:\n    pass", "timeout", "timeout"),
+    ("10 GB", "buffer = bytearray(10 * 1024**3)\ndef add(a, b):\n    return a + b", "error", "MemoryError"),
+    ("fork bomb", "import os\nwhile True:\n    os.fork()", "error", "os.fork is not allowed"),
+    ("write outside", "open('/tmp/../etc/escaped_by_policy', 'w').write('x')\ndef add(a, b):\n    return a + b", "error", "writing outside the working directory"),
+    ("print 100 MB", "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))\ndef add(a, b):\n    return a + b", "output_limit", "output limit"),
+]
+
+
+@pytest.mark.parametrize("name, code, verdict, reason", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_code_is_contained(name, code, verdict, reason):
+    env = make_env("code", test_seconds=1.0, limits=Limits(wall_seconds=4, cpu_seconds=3))
+    env.reset(ADD)
+    start = time.monotonic()
+    result = env.step(f"```python\n{code}\n```")
+    assert time.monotonic() - start < 6
+    assert (result.reward, result.info["verdict"], result.info["stop_reason"]) == (0.0, verdict, "answered")
+    assert reason in result.info["error"], result.info
+    assert not os.path.exists("/etc/escaped_by_policy")
+
+
+def test_code_env_cannot_read_our_environment(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "secret-key")
+    env = make_env("code")
+    env.reset(ADD)
+    code = "import os\ndef add(a, b):\n    assert 'WANDB_API_KEY' not in os.environ\n    return a + b"
+    assert env.step(code).reward == 1.0
+
+
+def test_a_hanging_test_costs_only_its_own_credit():
+    env = make_env("code", test_seconds=0.3)
+    env.reset(ADD)
+    result = env.step("def add(a, b):\n    while a == 1:\n        pass\n    return a + b")  # hangs on add(1, 2) only
+    assert result.reward == 0.75 and result.info["verdict"] == "tests_failed"
+    assert "timeout: took longer than 0.3 s" in result.info["failures"][0]
+
+
+def test_code_env_multi_turn_feedback():
+    env = make_env("code", max_steps=2)
+    env.reset(ADD)
+    first = env.step("def add(a, b):\n    return a - b")
+    assert not first.done and first.reward == 0.0
+    (feedback,) = first.observation
+    assert feedback["role"] == "user" and "tests passed" in feedback["content"] and "assert add(1, 2) == 3" in feedback["content"]
+    second = env.step("def add(a, b):\n    return a + b")
+    assert second.done and second.reward == 1.0 and env.steps == 2

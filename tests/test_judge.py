@@ -115,6 +115,7 @@ def test_judge_pass_fail_mode_and_prepare_in_parallel(endpoint_factory):
     judge.prepare(trajs)
     assert len(ep.requests) == 3  # two trajectories share one cache entry
     assert [judge(t) for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    assert judge.stats.cache_hits == 1  # only the duplicate saved a call; reading prepare's results is not a hit
     with pytest.raises(ValueError, match="mode must be"):
         JudgeReward(None, mode="stars")
 

@@ -219,3 +219,28 @@ def test_report_mixed_batch():
     assert report.parts["correct"] == [1.0, 0.0, 0.0, 0.0]
     assert report.wrong_reasons == {"answer found, wrong number": 3}
     assert not report.all_zero
+
+
+# --- advantages and the panel's static fallback -------------------------------------------------
+
+
+def test_advantage_table_marks_flat_groups():
+    trajs = [make_traj(["<answer>1000</answer>"], task_id="a", group=0), make_traj(["<answer>7</answer>"], task_id="a", group=1),
+             make_traj(["<answer>7</answer>"], task_id="b", group=0), make_traj(["<answer>8</answer>"], task_id="b", group=1)]
+    R.score_trajectories(trajs, "correct")
+    lines = R.advantage_table(trajs).splitlines()
+    assert lines[1].split()[:3] == ["a", "1.00", "0.00"] and "+0.71 -0.71" in lines[1] and "(flat)" not in lines[1]
+    assert lines[2].endswith("(flat)")
+
+
+def test_reward_panel_without_frontend_prints_static_output(monkeypatch, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setenv("WORKBOOK_WIDGETS", "0")
+    assert not R.widgets_frontend()
+    trajs = [make_traj([f"<answer>{n}</answer>"], task_id="a", group=g) for g, n in enumerate([1000, 5])]
+    assert R.reward_panel(trajs, {"correct": 1.0, "format": 0.5}) is None
+    out = capsys.readouterr().out
+    assert "reward = 1*correct, 0.5*format" in out and "+0.71" in out
+    assert [t.reward for t in trajs] == [1.5, 0.5]

@@ -76,7 +76,9 @@ def test_multi_turn_mask_and_tokens_match_the_chat_template(tiny):
     assert traj.messages[-4]["content"] == TASK.answer  # the calculator's result came back
     # Canonical tokens here, so the episode is exactly the template's rendering of the messages ...
     ids, oracle = mask_oracle(tokenizer, traj)
-    assert traj.token_ids == ids
+    T = len(traj.token_ids)
+    assert traj.token_ids == ids[:T] and tokenizer.decode(ids[T:]) == "\n"  # the episode stops at the last <|im_end|>
+    oracle = oracle[:T]
     # ... and the mask is the template's assistant mask, except the <|im_end|> after each
     # </tool_call>: the policy stopped at </tool_call>, the scaffolding closed the turn (mask 0).
     tool_close = tokenizer.convert_tokens_to_ids("</tool_call>")
@@ -90,8 +92,10 @@ def test_sampled_episode_logprobs_match_a_fresh_forward_pass(tiny):
     whole finished episode (so env tokens were appended as tokens, not re-tokenised)."""
     model, tokenizer = tiny
     policy = HFPolicy(model, tokenizer)
-    # A never-ending env gives every episode several turns with observations between them.
-    trajs = rollout(TASKS[:2], NeverDoneEnv, policy, group_size=2, sampling=SamplingParams(max_new_tokens=12, seed=0), max_steps=3, progress=False)
+    # A never-ending env gives every episode several turns with observations between them;
+    # many stop tokens make the turns end early (and not on the eos, so the scaffolding adds it).
+    sampling = SamplingParams(max_new_tokens=12, stop_token_ids=list(range(2, 200)), seed=0)
+    trajs = rollout(TASKS[:2], NeverDoneEnv, policy, group_size=2, sampling=sampling, max_steps=3, progress=False)
     assert any(t.turns > 1 for t in trajs)
     for t in trajs:
         assert len(t.token_ids) == len(t.mask) == len(t.logprobs)

@@ -140,7 +140,7 @@ def load_code_tasks(path: str | Path = CODE_TASKS) -> list[Task]:
     return [code_task(row, f"{path}, row {line_no}") for line_no, row in read_jsonl(path)]
 
 
-def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_seconds: float = 2.0, python: str | None = None) -> dict:
+def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_seconds: float = 1.0, python: str | None = None) -> dict:
     """Run ``code`` and then each assert in ``tests`` in the sandbox.
 
     Returns ``passed``, ``total``, ``results`` (one ``[ok, error]`` per test), ``error`` (one
@@ -190,7 +190,7 @@ class CodeEnv(Env):
     name = "code"
     tools = None
 
-    def __init__(self, max_steps: int = 1, test_seconds: float = 2.0, limits: Limits | None = None, python: str | None = None, max_observation_chars: int = 2000):
+    def __init__(self, max_steps: int = 1, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None, max_observation_chars: int = 2000):
         super().__init__(max_steps=max_steps)
         self.test_seconds = test_seconds
         self.limits = limits or Limits()

@@ -1,0 +1,17 @@
+"""``python -m helpers.bench NAME [options]``: run one benchmark (see ``helpers.bench``)."""
+
+import importlib
+import sys
+
+BENCHMARKS = {"rollout": "helpers.bench.rollout", "grpo": "helpers.bench.grpo"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        raise SystemExit(f"usage: python -m helpers.bench {{{','.join(BENCHMARKS)}}} [options]   (--help after the name for its options)")
+    importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()
