@@ -184,8 +184,10 @@ def load_gsm8k(
     source="hub":  ``datasets.load_dataset("openai/gsm8k", "main", split=split)`` (needs internet
                    once; ``split`` is "train" or "test").
     source=path:   a jsonl file in GSM8K's own format, one ``{"question", "answer"}`` per line
-                   (``split`` then only names the task ids).
+                   (``split`` then only names the task ids: give two files two split names).
     max_samples:   keep the first N rows (files keep their order; shuffle with TaskSampler).
+
+    Task ids are ``gsm8k-{split}-{row index:05d}``, stable across runs.
     """
     if source == "hub":
         import datasets  # imported here: reading a local file should not need it

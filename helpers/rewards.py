@@ -28,6 +28,7 @@ Simplifications, named:
 from __future__ import annotations
 
 import functools
+import math
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -172,7 +173,7 @@ def _final_assistant_text(traj: Trajectory) -> str:
 def generated_tokens(traj: Trajectory) -> int:
     """Tokens the policy wrote (mask == 1); whitespace words when there are no token ids."""
     if traj.mask:
-        return int(sum(traj.mask))
+        return traj.num_generated
     return len(traj.completion_text.split())
 
 
@@ -230,16 +231,17 @@ def safe_call(fn: RewardFn, name: str, traj: Trajectory) -> tuple[dict[str, floa
     """Run one reward on one trajectory: its parts as ``{name: value}`` and the error, if any. Never raises.
 
     A dict-valued reward gives ``{"name/key": value, ...}``. An exception (or a value that
-    is not a number) gives ``{name: 0.0}``; the error is returned and recorded in
+    is not a finite number) gives ``{name: 0.0}``; the error is returned and recorded in
     ``traj.info["reward_errors"][name]`` (a later successful call clears it).
     """
     errors = (traj.info or {}).get("reward_errors", {})
     errors.pop(name, None)
     try:
         value = fn(traj)
-        if isinstance(value, dict):
-            return {f"{name}/{k}": float(v) for k, v in value.items()}, None
-        return {name: float(value)}, None
+        parts = {f"{name}/{k}": float(v) for k, v in value.items()} if isinstance(value, dict) else {name: float(value)}
+        if not all(math.isfinite(v) for v in parts.values()):  # one NaN would poison the whole group's advantages
+            raise ValueError(f"reward is not a finite number: {parts}")
+        return parts, None
     except Exception as e:
         last = traceback.extract_tb(e.__traceback__)[-1]
         message = f"{type(e).__name__}: {e} (in {last.name}, line {last.lineno})"

@@ -34,7 +34,7 @@ The assistant's end of turn is handled like this:
 * the turn ended on ``</tool_call>`` (a stop token that is not the eos): the template's
   ``<|im_end|>`` is appended with mask 0 before the suffix. The policy did not write it,
   so it is not trained on: the model learns to stop at ``</tool_call>`` and the
-  scaffolding closes the turn, as in Qwen's own tool-use format.
+  scaffolding closes the turn.
 
 When an episode ends (``stop_reason``):
 
@@ -57,7 +57,7 @@ Simplifications, named:
 * A timed-out env step keeps running in its thread (Python cannot kill a thread); its
   result is ignored and the rollout moves on. Each turn uses a fresh thread pool so a
   hung tool cannot starve later turns. Tools that can truly hang (running code)
-  should enforce their own limit in a subprocess, as ``CodeEnv`` does.
+  should enforce their own limit in a subprocess (``helpers.sandbox``).
 * ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
   it, via ``env.truncate``); the reward module may replace it.
 * Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget

@@ -109,3 +109,24 @@ def test_cpu_smoke_run_end_to_end(tmp_path):
         assert len((run / "eval" / f"step-{step:04d}.jsonl").read_text().splitlines()) == held_out
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run / "checkpoint-1").is_dir() and (run / "summary.json").exists()
+
+
+def test_trl_multi_gpu_dry_run(capsys):
+    """The scaling-out script builds TRL's config, dataset and rewards from the same preset (no GPU, no hub)."""
+    import importlib.util
+
+    from helpers.paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("trl_multi_gpu", ROOT / "scripts" / "trl_multi_gpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--preset", "gsm8k-24gb", "--dataset", "gsm8k-sample", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "correct: tag -> 1.0, '#### N' -> 1.0" in out  # lenient correctness is what GRPO optimises
+    assert "format: tag -> 1.0, '#### N' -> 0.0" in out  # strict format is logged with weight 0
+    assert "per_device_train_batch_size=8, gradient_accumulation_steps=16, num_generations=8" in out
+    assert "loss_type=dapo" in out and "vllm_mode=server" in out
+    # 16 tasks x 8 samples per optimizer step over 4 processes: micro-batches of 8, 4 of them on each
+    assert script.batch_split(get_preset("gsm8k-24gb"), 4) == (8, 4)
+    with pytest.raises(ValueError, match="must divide grad_accum"):
+        script.batch_split(get_preset("gsm8k-24gb"), 3)

@@ -165,6 +165,8 @@ def test_reward_that_raises_is_caught_counted_and_reported():
     assert "REWARD ERRORS: 1" in str(report)
     # a non-number return is an error too
     assert R.safe_call(lambda t: "high", "text", trajs[0])[0] == {"text": 0.0}
+    parts, error = R.safe_call(lambda t: float("nan"), "nan", trajs[0])
+    assert parts == {"nan": 0.0} and "not a finite number" in error
 
 
 def test_config_names_resolve():

@@ -191,3 +191,15 @@ def test_save_load_and_view(tiny, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"not": "a trajectory"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_trajectories(tmp_path / "bad.jsonl")
+
+
+def test_benchmark_runs_and_reports_ratios():
+    from helpers.bench.__main__ import main
+    from helpers.bench.rollout import run, table
+
+    out = run(num_tasks=1, group_size=2, max_new_tokens=4, naive_tasks=1, trl=False, verbose=False)
+    assert out["batched"].episodes == out["one_at_a_time"].episodes == 2
+    assert out["batched"].tokens > 0 and out["speedup_vs_one_at_a_time"] > 0
+    assert "RATIO batched / one-at-a-time" in table(out)
+    with pytest.raises(SystemExit, match="usage"):
+        main([])

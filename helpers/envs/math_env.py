@@ -80,13 +80,15 @@ class MathEnv(Env):
 
     Reward 1.0 if correct, else 0.0; the episode always ends ``"answered"`` after one step.
     The per-step work is tiny (a regex and a comparison), so there is no timeout here.
+    ``max_steps`` is accepted so that ``make_env(name, max_steps=...)`` works for every env,
+    and ignored: one turn is what this env means.
     """
 
     name = "math"
     tools = None
 
     def __init__(self, max_steps: int = 1):
-        super().__init__(max_steps=1)  # single-turn by definition; the argument exists for make_env uniformity
+        super().__init__(max_steps=1)
         self.info["strict_format"] = False
 
     def reset(self, task) -> list[dict]:
