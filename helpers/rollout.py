@@ -264,7 +264,7 @@ def rollout(
     policy:           anything with ``generate(prompts, params)`` and ``tokenizer`` (``HFPolicy``, ``VLLMPolicy``)
     sampling:         temperature, top_p, max_new_tokens per turn; stop tokens default to ``stop_token_ids``
     max_steps:        assistant turns per episode at most (guard; the env may stop earlier)
-    max_total_tokens: prompt + all turns + all observations, per episode
+    max_total_tokens: prompt + all turns + all observations, per episode (never exceeded)
     episode_timeout:  seconds of wall clock per episode; step_timeout: seconds per env step
     """
     if group_size < 1 or max_steps < 1:
@@ -311,12 +311,13 @@ def rollout(
             ep = _Episode(task, g, env, messages, list(ids), start=t0, mask=[0] * len(ids), logprobs=[0.0] * len(ids))
             ep.prompt_len = len(ids)
             episodes.append(ep)
-            if len(ids) >= max_total_tokens:
+            if len(ids) + 2 > max_total_tokens:  # no room for one token and the end of turn
                 finish(ep, "max_tokens")
 
     while live := [ep for ep in episodes if ep.stop_reason is None]:
         # 1. One batched generation: one assistant turn for every live episode.
-        budgets = [min(sampling.max_new_tokens, max_total_tokens - len(ep.token_ids)) for ep in live]
+        # Each turn's budget keeps one slot free for the <|im_end|> the scaffolding may add.
+        budgets = [min(sampling.max_new_tokens, max_total_tokens - len(ep.token_ids) - 1) for ep in live]
         seed = None if sampling.seed is None else sampling.seed + stats.generate_calls
         params = replace(sampling, max_new_tokens=max(budgets), seed=seed)
         t0 = time.perf_counter()
@@ -363,7 +364,7 @@ def rollout(
                 so_far = None if ep.drifted else ep.token_ids
                 suffix = observation_tokens(tokenizer, ep.messages, result.observation, ep.env.tools, so_far)
                 stats.render_s += time.perf_counter() - t1
-                if len(ep.token_ids) + len(suffix) >= max_total_tokens:  # no room left for another turn
+                if len(ep.token_ids) + len(suffix) + 2 > max_total_tokens:  # no room left for another turn
                     finish(ep, "max_tokens")
                     continue
                 ep.token_ids += suffix

@@ -209,10 +209,10 @@ def demonstration(task: Task, use_tool: bool) -> list[dict]:
 
 # --- model ---------------------------------------------------------------------------------
 
-MODEL_SHAPE = dict(  # ~1M parameters; the embedding is tied to the output layer
+MODEL_SHAPE = dict(  # ~0.5M parameters; the embedding is tied to the output layer
     hidden_size=128,
-    intermediate_size=384,
-    num_hidden_layers=4,
+    intermediate_size=320,
+    num_hidden_layers=3,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=512,
@@ -312,7 +312,7 @@ def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dic
         recipe=recipe,
         parameters=sum(p.numel() for p in model.parameters()),
         vocab_size=len(tokenizer),
-        final_sft_loss=round(sum(losses[-10:]) / len(losses[-10:]), 4),
+        sft_loss_every_25_steps=[round(sum(losses[i : i + 25]) / len(losses[i : i + 25]), 3) for i in range(0, len(losses), 25)],
         build_wall_s=round(time.perf_counter() - started, 1),
         build_cpu_s=round(time.process_time() - cpu_started, 1),
         torch_threads=torch.get_num_threads(),

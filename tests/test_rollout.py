@@ -152,6 +152,18 @@ def test_token_limits(tiny):
     for t in trajs:
         assert len(t.token_ids) <= budget
         assert t.stop_reason == "max_tokens"
+    # A turn that stops on </tool_call> right at the budget still fits with its closing <|im_end|>.
+    policy = ScriptedPolicy(tokenizer, [CALL])
+    call_len = len(tokenizer.encode(CALL, add_special_tokens=False))
+    prompt_len = len(render(tokenizer, TASK.prompt, make_env("calculator").tools, add_generation_prompt=True))
+    [t] = rollout([TASK], "calculator", policy, group_size=1, sampling=SamplingParams(max_new_tokens=100),
+                  max_total_tokens=prompt_len + call_len + 1, progress=False)
+    assert len(t.token_ids) == prompt_len + call_len + 1 and t.token_ids[-1] == tokenizer.eos_token_id
+    assert t.turns == 1 and t.stop_reason == "max_tokens" and t.info["tool_calls"] == 1
+    # One token less, and the call no longer fits: it is cut, and the episode stays within the budget.
+    [t] = rollout([TASK], "calculator", policy, group_size=1, sampling=SamplingParams(max_new_tokens=100),
+                  max_total_tokens=prompt_len + call_len, progress=False)
+    assert len(t.token_ids) == prompt_len + call_len and t.info["tool_calls"] == 0 and t.stop_reason == "max_tokens"
 
 
 def test_group_samples_differ_and_greedy_samples_agree(tiny):

@@ -77,7 +77,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling: the log-probs must be the policy's own
         try:
-            input_ids, attention_mask = self._left_pad(prompts)  # (B, T0), (B, T0)
+            input_ids, attention_mask = self.left_pad(prompts)  # (B, T0), (B, T0)
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T0): pads get 0, real tokens 0..len-1
             cache = DynamicCache()  # filled in place by every forward pass
             out = self.model(
@@ -124,7 +124,8 @@ class HFPolicy:
             self.model.train(was_training)
         return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finish)]
 
-    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts of different lengths -> ``input_ids`` and ``attention_mask``, both (B, T0), pads on the left."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, T0)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T0)
