@@ -252,10 +252,6 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.size(0)
 
-    def select(self, rows) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids[rows], "mask": self.mask[rows], "old_logps": self.old_logps[rows],
-                "advantages": self.advantages[rows]}
-
 
 def group_trajectories(trajectories) -> list[list]:
     """Trajectories grouped by task, in order of first appearance; every group must have the same size G."""

@@ -157,6 +157,14 @@ def model_shape(model: str) -> ModelShape:
     )
 
 
+def _count(n: int) -> str:
+    """A parameter count for the table: 1.54B, 36.9M, 12.3K."""
+    for unit, size in [("B", 1e9), ("M", 1e6), ("K", 1e3)]:
+        if n >= size:
+            return f"{n / size:.{2 if unit == 'B' else 1}f}{unit}"
+    return str(n)
+
+
 @dataclass
 class MemoryPlan:
     """The estimate for one config on one GPU. ``rows`` are (term, GiB, note)."""
@@ -218,14 +226,14 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
 
     # --- the trainer's resident state ---
     weights = n * b / GIB
-    rows.append(("weights (trainer copy)", weights, f"{n / 1e9:.2f}B params x {b} B ({config.dtype})"))
+    rows.append(("weights (trainer copy)", weights, f"{_count(n)} params x {b} B ({config.dtype})"))
     if config.use_lora:
         n_lora = shape.n_lora_params(config.lora_r, config.lora_target_modules)
         state = n_lora * LORA_BYTES_PER_PARAM / GIB
-        rows.append(("LoRA params + grads + AdamW", state, f"{n_lora / 1e6:.1f}M params x 16 B (fp32 weight, grad, m, v)"))
+        rows.append(("LoRA params + grads + AdamW", state, f"{_count(n_lora)} params x 16 B (fp32 weight, grad, m, v)"))
     else:
         state = n * FULL_FT_EXTRA_BYTES_PER_PARAM / GIB
-        rows.append(("full FT: master + grads + AdamW", state, f"{n / 1e9:.2f}B params x 16 B (fp32 master, grad, m, v)"))
+        rows.append(("full FT: master + grads + AdamW", state, f"{_count(n)} params x 16 B (fp32 master, grad, m, v)"))
     rows.append(("CUDA context + allocator slack", TRAINER_OVERHEAD_GIB, "trainer process, rough constant"))
     resident = weights + state + TRAINER_OVERHEAD_GIB
 

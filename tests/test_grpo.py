@@ -193,8 +193,8 @@ def test_num_iterations_and_schedule(tiny):
     metrics = trainer.train_step(fake_trajectories(trainer, generator=torch.Generator().manual_seed(3)))
     assert trainer.optimizer_steps == 3 and trainer.step == 1
     assert metrics["ratio_max"] > 1.0 or metrics["ratio_min"] < 1.0  # later iterations are off-policy
-    lrs = [trainer.scheduler.get_last_lr()[0]]
-    assert lrs[0] == pytest.approx(1e-2 * (12 - 3) / (12 - 2))  # linear decay after 2 warmup steps, 12 in all
+    # 4 steps x 3 iterations = 12 optimizer steps planned: 2 of warm-up, then linear decay to 0
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-2 * (12 - 3) / (12 - 2))
 
 
 def test_non_finite_step_is_skipped(tiny):

@@ -45,7 +45,7 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     from transformers import PrinterCallback, TrainerCallback
 
     from helpers.config import get_preset
-    from helpers.grpo import LoRAGRPO, trajectories_from_trl, trl_trainer
+    from helpers.grpo import LoRAGRPO, collate, trajectories_from_trl, trl_trainer
     from helpers.policy.base import SamplingParams
     from helpers.policy.hf import HFPolicy
     from helpers.rollout import rollout
@@ -109,10 +109,8 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     fixed = batches[-1]
     rewards = torch.randint(0, 2, (len(fixed["advantages"]),), generator=torch.Generator().manual_seed(seed)).float().tolist()
     same = trajectories_from_trl(fixed, tasks, rewards)
+    batch = collate(same)
     with torch.no_grad():  # on-policy old log-probs, as TRL uses when num_iterations == 1
-        from helpers.grpo import collate
-
-        batch = collate(same)
         old = ours.logprobs(batch.input_ids, batch.mask)
     for n, t in enumerate(same):
         t.logprobs = old[n, : len(t.token_ids)].tolist()
@@ -121,11 +119,10 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
         start = time.perf_counter()
         ours.train_step(same)
         our_update.append(time.perf_counter() - start)
-    trl_update = []
     trl._generate_and_score_completions = lambda rows: dict(fixed)  # TRL's step without sampling
-    trl.args.max_steps = 2 * steps
+    trl.args.max_steps = steps  # train() starts a fresh run of `steps` steps
     trl_steps_before = len(trl_steps)
-    trl.train(resume_from_checkpoint=None)
+    trl.train()
     trl_update = trl_steps[trl_steps_before:]
     tmp.cleanup()
 
