@@ -349,6 +349,10 @@ class LoRAGRPO:
     accumulates gradients over ``grad_accum`` micro-batches, clips the gradient norm,
     and steps AdamW (LoRA parameters only) and a linear warmup/decay schedule.
 
+    The model is wrapped in a LoRA adapter built from the config's ``lora_*`` fields; a
+    model that already is a peft model keeps its adapter. Only the adapter is trained.
+    ``train_step`` puts the model in train mode and leaves it in eval mode, ready to sample.
+
     Named simplifications: no distributed training; the schedule decays linearly to 0
     at ``total_steps * num_iterations`` optimizer steps (TRL's default "linear").
     """
@@ -424,6 +428,7 @@ class LoRAGRPO:
                    "frac_zero_spread": batch.zero_spread.float().mean().item()}
         self.step += 1
         if len(batch) == 0:  # every group had zero spread and was skipped
+            self.model.eval()
             return {**metrics, "step": self.step, "skipped_steps": self.skipped_steps}
         ids, mask = batch.input_ids.to(self.device), batch.mask.to(self.device)  # (N, T)
         old, adv = batch.old_logps.to(self.device), batch.advantages.to(self.device)  # (N, T), (N,)
@@ -463,6 +468,7 @@ class LoRAGRPO:
             per_iteration.append({**_combine(micro), "grad_norm": grad_norm.item(), "lr": lr})
         for key in per_iteration[0] if per_iteration else []:  # average over the mu iterations
             metrics[key] = sum(it[key] for it in per_iteration) / len(per_iteration)
+        self.model.eval()  # the next rollout samples without (LoRA) dropout
         return {**metrics, "step": self.step, "skipped_steps": self.skipped_steps}
 
     # ------------------------------------------------------------------------------------------

@@ -137,13 +137,15 @@ def test_llm_is_built_from_the_preset(fake_vllm, tmp_path):
 def test_sampling_params_mapping_and_distinct_seeds(fake_vllm, tmp_path):
     policy = make_policy(tmp_path)
     params = SamplingParams(max_new_tokens=512, temperature=0.7, top_p=0.9, stop_token_ids=[7, 8], seed=3)
-    sps = policy.sampling_params(params, n_prompts=4)
+    sps = policy.sampling_params(params, prompt_lengths=[100, 100, 200, 700])
     assert len(sps) == 4
     for i, sp in enumerate(sps):
-        assert (sp.max_tokens, sp.temperature, sp.top_p, sp.stop_token_ids) == (512, 0.7, 0.9, [7, 8])
+        assert (sp.temperature, sp.top_p, sp.stop_token_ids) == (0.7, 0.9, [7, 8])
         assert sp.logprobs == 0 and sp.n == 1
         assert sp.seed == 3 + i  # G samples of one task must not share a seed
-    assert all(sp.seed is None for sp in policy.sampling_params(SamplingParams(), 2))
+    # max_model_len is the preset's 768-token budget: a 700-token prompt has room for 68
+    assert [sp.max_tokens for sp in sps] == [512, 512, 512, 68]
+    assert all(sp.seed is None for sp in policy.sampling_params(SamplingParams(), [1, 1]))
 
 
 def test_generate_passes_token_ids_and_extracts_logprobs(fake_vllm, tmp_path):

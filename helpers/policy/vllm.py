@@ -78,6 +78,7 @@ class VLLMPolicy:
         self._SamplingParams = vllm.SamplingParams
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.sleep_mode = enable_sleep_mode
+        self.max_model_len = max_model_len
         self.asleep = False
         self.adapter_dir = Path(adapter_dir) if adapter_dir else Path(tempfile.mkdtemp(prefix="vllm-lora-"))
         self.version = 0  # adapter version; 0 = the base model, no adapter yet
@@ -105,8 +106,8 @@ class VLLMPolicy:
         """Use a new adapter version from now on: a peft model (saved here) or a saved adapter folder.
 
         Each version gets a fresh integer id (1, 2, ...; vLLM reserves 0). The folder of
-        the previous version, if this policy wrote it, is deleted: vLLM has already
-        loaded it, and nothing will ask for that id again.
+        the previous version, if this policy wrote it, is deleted: from now on nothing
+        asks vLLM for that id again.
         """
         if isinstance(model_or_path, (str, Path)):
             path = Path(model_or_path)
@@ -141,19 +142,27 @@ class VLLMPolicy:
 
     # --- sampling -----------------------------------------------------------------------
 
-    def sampling_params(self, params: SamplingParams, n_prompts: int) -> list:
-        """One ``vllm.SamplingParams`` per prompt. With a seed, prompt i gets seed + i:
-        a shared per-request seed would make the G samples of one task identical."""
+    def sampling_params(self, params: SamplingParams, prompt_lengths: list[int]) -> list:
+        """One ``vllm.SamplingParams`` per prompt.
+
+        With a seed, prompt i gets seed + i: a shared per-request seed would make the G
+        samples of one task identical. ``max_tokens`` is capped so that prompt + reply
+        fits ``max_model_len`` (the rollout's batch-wide budget can exceed a long
+        prompt's room; the rollout cuts each row to its own budget afterwards).
+        """
         common = dict(
             n=1,
-            max_tokens=params.max_new_tokens,
             temperature=params.temperature,  # 0 = greedy, as in vLLM
             top_p=params.top_p,
             stop_token_ids=list(params.stop_token_ids),
             logprobs=0,  # the sampled token's log-prob only, no top-k alternatives
         )
-        seeds = [None if params.seed is None else params.seed + i for i in range(n_prompts)]
-        return [self._SamplingParams(seed=seed, **common) for seed in seeds]
+        out = []
+        for i, length in enumerate(prompt_lengths):
+            room = params.max_new_tokens if self.max_model_len is None else max(1, self.max_model_len - length)
+            seed = None if params.seed is None else params.seed + i
+            out.append(self._SamplingParams(max_tokens=min(params.max_new_tokens, room), seed=seed, **common))
+        return out
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt (token ids), with each sampled token's log-prob."""
@@ -165,7 +174,7 @@ class VLLMPolicy:
             self._prefix_cache_stale = False
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts],  # a TokensPrompt: no re-tokenisation
-            self.sampling_params(params, len(prompts)),
+            self.sampling_params(params, [len(p) for p in prompts]),
             lora_request=self.lora_request,
             use_tqdm=False,
         )

@@ -1,0 +1,78 @@
+"""Before a long run: a short checklist, each item checked by the helper that owns it.
+
+    from helpers.pitfalls import preflight
+    print(preflight(get_preset("gsm8k-24gb"), gpu_gb=24))          # [x] / [ ] per item, with the helper's name
+    preflight(config, gpu_gb=24, trajectories=first_batch)        # also: does the first batch carry a signal?
+
+Notebook 08 causes each failure these items guard against. The checks are cheap (no
+model is loaded); the learning-rate item cannot be checked from a config (sweep it,
+as notebook 08 does) and is not listed.
+
+Simplification, named: the env contract is probed with two tiny-world tasks whatever
+the config's dataset, because ``check_env`` exercises the env's handling of model
+output, which does not depend on the questions (and GSM8K needs the hub).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helpers.config import TrainConfig
+
+
+@dataclass
+class CheckItem:
+    name: str  # what is checked
+    helper: str  # the helper that checks it
+    ok: bool
+    detail: str  # the number or message behind the verdict
+
+
+class Checklist(list):
+    """The items of ``preflight`` (a plain list); ``str()`` is the printed checklist, ``.ok`` all passed."""
+
+    @property
+    def ok(self) -> bool:
+        return all(item.ok for item in self)
+
+    def __str__(self) -> str:
+        return "\n".join(f"[{'x' if i.ok else ' '}] {i.name:<44} {i.helper:<36} {i.detail}" for i in self)
+
+
+def preflight(config: TrainConfig, gpu_gb: float | None = None, trajectories: list | None = None, n_random: int = 5) -> Checklist:
+    """Check ``config`` before a long run. ``gpu_gb``: the card to plan memory for (None: skip,
+    e.g. a CPU run). ``trajectories``: a scored first batch, to check for a learning signal."""
+    from helpers.envs import ToolEnv, check_env, make_env
+    from helpers.tiny import make_tiny_tasks
+
+    items = Checklist()
+    env = make_env(config.env, max_steps=config.env_max_steps)
+    problems = check_env(env, make_tiny_tasks(2, seed=0, split="test"), n_random=n_random)
+    items.append(CheckItem("env honours its contract on garbage input", "helpers.envs.check_env", not problems,
+                           problems[0] if problems else f"{type(env).__name__}: no problems"))
+
+    timeouts = isinstance(env, ToolEnv) and (env.episode_timeout is None or env.step_timeout is None)
+    bounded = config.max_new_tokens <= config.max_total_tokens and not timeouts
+    items.append(CheckItem("every episode is bounded (turns, tokens, time)", "TrainConfig limits, ToolEnv timeouts", bounded,
+                           f"{config.env_max_steps} turns, {config.max_total_tokens} tokens"
+                           + (", a tool env without timeouts" if timeouts else "")))
+
+    if gpu_gb is not None:
+        from helpers.memory import memory_plan
+
+        plan = memory_plan(config, gpu_gb)
+        items.append(CheckItem(f"fits on a {gpu_gb:g} GiB card", "helpers.memory.check_fits", plan.fits,
+                               f"peak {plan.peak_gib:.1f} GiB" + ("" if plan.fits else f": {plan.problems[0]}")))
+
+    if trajectories is not None:
+        from helpers.rewards import reward_report
+
+        report = reward_report(trajectories)
+        items.append(CheckItem("the first batch has a learning signal", "helpers.rewards.reward_report",
+                               report.flat_groups < report.n_groups, f"{report.flat_fraction:.0%} of groups flat"))
+
+    items.append(CheckItem("KL is measured for the health checks", "helpers.train.check_health", config.log_kl or config.beta > 0,
+                           f"log_kl={config.log_kl}, beta={config.beta}"))
+    items.append(CheckItem("held-out evaluations and checkpoints are on", "TrainConfig.eval_every, save_every",
+                           config.eval_every > 0 and config.save_every > 0, f"eval_every={config.eval_every}, save_every={config.save_every}"))
+    return items
