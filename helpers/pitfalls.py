@@ -36,7 +36,7 @@ class Checklist(list):
         return all(item.ok for item in self)
 
     def __str__(self) -> str:
-        return "\n".join(f"[{'x' if i.ok else ' '}] {i.name:<44} {i.helper:<36} {i.detail}" for i in self)
+        return "\n".join(f"[{'x' if i.ok else ' '}] {i.name:<48} {i.helper:<38} {i.detail}" for i in self)
 
 
 def preflight(config: TrainConfig, gpu_gb: float | None = None, trajectories: list | None = None, n_random: int = 5) -> Checklist:

@@ -1,9 +1,9 @@
-"""The tiny world (小世界): arithmetic tasks, a small tokenizer and a ~1M-parameter Qwen2.
+"""The tiny world (小世界): arithmetic tasks, a small tokenizer and a ~0.6M-parameter Qwen2.
 
 Everything here runs on a laptop CPU and needs no model hub:
 
     model, tokenizer = load_tiny()                    # data/tiny/, offline, < 2 s
-    tasks = make_tiny_tasks(64, seed=0, split="test")  # "What is 47 * 86?" ...
+    tasks = make_tiny_tasks(64, seed=0, split="test")  # "What is 47*86?" ...
 
     python -m helpers.tiny build                      # rebuild data/tiny/ from the seed
 
@@ -12,7 +12,7 @@ tool-call format of Qwen2.5-Instruct, so the same env, rollout and reward code
 serves this model and Qwen:
 
     <|im_start|>system\\n{system}\\nTools: calculator(expression)<|im_end|>\\n
-    <|im_start|>user\\nWhat is 47 * 86?<|im_end|>\\n
+    <|im_start|>user\\nWhat is 47*86?<|im_end|>\\n
     <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "47*86"}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n4042\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n<answer>4042</answer><|im_end|>\\n
@@ -26,9 +26,10 @@ Simplifications, named:
   "You are Qwen, ...").
 * Assistant tool calls are plain text in ``content`` (the format of
   ``helpers.formats.format_tool_call``); the OpenAI-style ``tool_calls`` field is not rendered.
-* The BPE pre-tokenizer splits only at digits (each digit is its own token, so the
-  model can copy numbers digit by digit) and at special tokens, so merges may cross
-  spaces: the fixed JSON of a tool call costs a handful of tokens.
+* The tokenizer uses Qwen2's own text pipeline (see ``train_tokenizer``): every
+  digit is its own token, so the model copies numbers digit by digit.
+* The question writes the expression exactly as the calculator takes it
+  (``47*86``), so a tool call is a token-for-token copy.
 """
 
 from __future__ import annotations
@@ -142,10 +143,12 @@ SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems
 
 # Problem kinds: every operand has two digits, so the answer needs real multiplication
 # (too hard for a ~1M-parameter model in its head) but only copying for the calculator.
+# The question writes the expression exactly as the calculator wants it (no spaces), so a
+# tool call is a token-for-token copy: the easiest thing for a small transformer to learn.
 KINDS = {
-    "mul": "{a} * {b}",  # 47 * 86
-    "mul_add": "{a} * {b} + {c}",  # 47 * 86 + 15
-    "mul_sub": "{a} * {b} - {c}",  # 47 * 86 - 15   (always positive: a*b >= 100 > c)
+    "mul": "{a}*{b}",  # 47*86
+    "mul_add": "{a}*{b}+{c}",  # 47*86+15
+    "mul_sub": "{a}*{b}-{c}",  # 47*86-15   (always positive: a*b >= 100 > c)
 }
 
 
@@ -174,13 +177,12 @@ def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     while len(tasks) < n:
         kind = rng.choice(list(KINDS))
         a, b, c = (rng.randint(10, 99) for _ in range(3))
-        shown = KINDS[kind].format(a=a, b=b, c=c)  # what the question shows: "47 * 86"
-        expression = shown.replace(" ", "")  # what the calculator gets: "47*86"
+        expression = KINDS[kind].format(a=a, b=b, c=c)  # "47*86": the question shows what the calculator gets
         if expression in seen or split_of(expression) != split:
             continue
         seen.add(expression)
         answer = {"mul": a * b, "mul_add": a * b + c, "mul_sub": a * b - c}[kind]
-        prompt = [{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": f"What is {shown}?"}]
+        prompt = [{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": f"What is {expression}?"}]
         tasks.append(Task(f"tiny-{split}-{expression}", prompt, str(answer), {"expression": expression, "kind": kind}))
     return tasks
 
@@ -214,7 +216,7 @@ MODEL_SHAPE = dict(  # ~0.5M parameters; the embedding is tied to the output lay
     intermediate_size=320,
     num_hidden_layers=3,
     num_attention_heads=4,
-    num_key_value_heads=2,
+    num_key_value_heads=4,
     max_position_embeddings=512,
 )
 

@@ -52,14 +52,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
-import sys
 import time
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from helpers.config import PRESETS, TrainConfig, get_preset
@@ -349,7 +347,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     from helpers.rollout import rollout, save_trajectories
 
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    config.device = resolve_device(config.device)
+    config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
     run_dir = run_dir_for(config, preset_name)
     checkpoint = latest_checkpoint(run_dir) if config.resume and run_dir.exists() else None
     if config.resume and checkpoint is None:
@@ -513,4 +511,4 @@ def main(argv: list[str] | None = None) -> RunResult:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()
