@@ -397,8 +397,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
         print(f"resumed from {checkpoint.relative_to(run_dir.parent)} at step {trainer.step}")
     else:
         t0 = time.perf_counter()
-        before = run_eval(0)
-        log({"step": 0, **{f"eval/{k}": v for k, v in before.items()}, "t_eval": time.perf_counter() - t0})
+        log({"step": 0, **{f"eval/{k}": v for k, v in run_eval(0).items()}, "t_eval": time.perf_counter() - t0})
     before = {k[len("eval/"):]: v for k, v in history[0].items() if k.startswith("eval/")}
 
     for step in range(trainer.step + 1, config.steps + 1):
@@ -425,7 +424,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
                    "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"), "lr": stats.get("lr"),
                    "skipped_steps": stats["skipped_steps"], "tokens_per_s": trajs.stats.tokens_per_s,
                    "t_rollout": t1 - t0, "t_reward": t2 - t1, "t_update": t3 - t2}
-        if step % max(config.log_trajectories_every, 1) == 0 and config.log_trajectories_every > 0:
+        if config.log_trajectories_every > 0 and step % config.log_trajectories_every == 0:
             save_trajectories(run_dir / TRAJECTORY_DIR / f"step-{step:04d}.jsonl", trajs)
         if step == config.steps or (config.eval_every > 0 and step % config.eval_every == 0):
             t4 = time.perf_counter()
@@ -439,7 +438,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
             warned.append(f"step {step}: {message}")
             print(f"WARNING step {step}: {message}", flush=True)
         log(metrics)
-        if step % max(config.save_every, 1) == 0 and config.save_every > 0 or step == config.steps:
+        if (config.save_every > 0 and step % config.save_every == 0) or step == config.steps:
             save_checkpoint(trainer, run_dir, step, {"sampler": sampler.state_dict(), "history": history, "warnings": warned})
 
     after = {k[len("eval/"):]: v for k, v in history[-1].items() if k.startswith("eval/")}
