@@ -55,6 +55,7 @@ class TrainConfig:
     epsilon_low: float = 0.2  # clip range below 1
     epsilon_high: float = 0.28  # clip range above 1 (DAPO clip-higher)
     beta: float = 0.0  # KL coefficient; 0 as in TRL's default
+    skip_zero_spread: bool = False  # drop groups whose G rewards are all equal before the update (no signal; saves compute)
     # --- evaluation, logging, checkpoints -----------------------------------------------
     eval_every: int = 10  # steps between held-out evaluations (0 = only before and after)
     eval_tasks: int = 64  # held-out tasks per evaluation
@@ -90,6 +91,7 @@ def tiny_cpu() -> TrainConfig:
         pass_k=4,
         save_every=10,
         log_trajectories_every=5,
+        skip_zero_spread=True,  # late in training most groups are all correct: skip them, not compute them
     )
 
 

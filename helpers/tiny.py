@@ -141,15 +141,13 @@ def _byte_alphabet() -> list[str]:
 TINY_SYSTEM = "A calculator tool is available. Answer as <answer>N</answer>."
 SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems in each split
 
-# Problem kinds: every operand has two digits, so the answer needs real multiplication
-# (too hard for a ~1M-parameter model in its head) but only copying for the calculator.
-# The question writes the expression exactly as the calculator wants it (no spaces), so a
-# tool call is a token-for-token copy: the easiest thing for a small transformer to learn.
-KINDS = {
-    "mul": "{a}*{b}",  # 47*86
-    "mul_add": "{a}*{b}+{c}",  # 47*86+15
-    "mul_sub": "{a}*{b}-{c}",  # 47*86-15   (always positive: a*b >= 100 > c)
-}
+# One kind of problem, a two-digit by two-digit product with a four-digit answer (32..99
+# squared is 1024..9801): too hard for a ~0.6M-parameter model in its head, but only
+# copying for the calculator. Every question has the same length in tokens, so the
+# digits to copy always sit at the same distance back: the easiest copy a small
+# transformer can learn (a fixed-offset attention head), which keeps the SFT short.
+# The question writes the expression exactly as the calculator takes it ("47*86").
+LOW, HIGH = 32, 99
 
 
 def split_of(expression: str) -> str:
@@ -168,22 +166,23 @@ def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """``n`` distinct arithmetic tasks of one split, drawn from ``seed``.
 
     Each task's prompt is [system, user]; ``answer`` is the exact integer as text;
-    ``metadata`` holds the ``expression`` a calculator needs ("47*86") and the ``kind``.
+    ``metadata`` holds the ``expression`` a calculator needs ("47*86").
+    A split holds about ``SPLITS[split] * 68**2`` distinct problems (~460 for validation).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
+    if n > 0.9 * SPLITS[split] * (HIGH - LOW + 1) ** 2:
+        raise ValueError(f"asked for {n} {split} tasks; the split has only about {SPLITS[split] * (HIGH - LOW + 1) ** 2:.0f}")
     rng = random.Random(f"tiny-{seed}-{split}")
     tasks, seen = [], set()
     while len(tasks) < n:
-        kind = rng.choice(list(KINDS))
-        a, b, c = (rng.randint(10, 99) for _ in range(3))
-        expression = KINDS[kind].format(a=a, b=b, c=c)  # "47*86": the question shows what the calculator gets
+        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+        expression = f"{a}*{b}"
         if expression in seen or split_of(expression) != split:
             continue
         seen.add(expression)
-        answer = {"mul": a * b, "mul_add": a * b + c, "mul_sub": a * b - c}[kind]
         prompt = [{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": f"What is {expression}?"}]
-        tasks.append(Task(f"tiny-{split}-{expression}", prompt, str(answer), {"expression": expression, "kind": kind}))
+        tasks.append(Task(f"tiny-{split}-{expression}", prompt, str(a * b), {"expression": expression}))
     return tasks
 
 
@@ -276,7 +275,7 @@ def _resolve(path: str | Path) -> Path:
 
 BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny build` runs exactly this
     seed=0,
-    train_tasks=4000,  # distinct training problems, each demonstrated once
+    train_tasks=3000,  # distinct training problems (of ~3700), each demonstrated once
     tool_fraction=0.5,  # share of demonstrations that call the calculator; the rest answer "in the head"
     steps=200,  # SFT optimizer steps
     batch_size=32,

@@ -203,7 +203,7 @@ def sampled_kl(trainer, trajs) -> float:
     with torch.no_grad():
         ref = trainer.logprobs(batch.input_ids.to(trainer.device), mask, reference=True)  # (N, T)
     delta = ref - batch.old_logps.to(trainer.device)  # (N, T) log pi_ref - log pi_old
-    kl = torch.exp(delta) - delta - 1  # (N, T) k3 estimator, >= 0
+    kl = (torch.exp(delta) - delta - 1).clamp(min=0)  # (N, T) k3 estimator, >= 0 (clamp: float rounding near 0)
     return ((kl * mask).sum() / mask.sum().clamp(min=1)).item()
 
 
@@ -365,7 +365,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     make_env = env_factory(config)
     reward = combine(config.rewards)
     model, tokenizer = load_model(config)
-    trainer = LoRAGRPO(model, config)
+    trainer = LoRAGRPO(model, config, skip_zero_spread=config.skip_zero_spread)
     policy = make_policy(config, trainer.model, tokenizer)
     limits = dict(max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens)
     live = live if live is not None else LiveCurves(run_dir, total_steps=config.steps)
