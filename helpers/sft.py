@@ -24,7 +24,8 @@ Simplifications, named:
   ``grad_accum`` micro-batch losses are averaged; micro-batches with more target
   tokens are not weighted more (TRL weights by token count).
 * Batches are drawn with replacement from a seeded generator (no epochs).
-* Constant learning rate after a linear warm-up; AdamW; gradient clipping at 1.0.
+* Learning rate: linear warm-up, constant, then a linear decay to 0 over the last
+  ``decay_fraction`` of the steps (warmup-stable-decay); AdamW; gradient clipping at 1.0.
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     )
 
 
+def lr_factor(step: int, steps: int, warmup_steps: int, decay_fraction: float) -> float:
+    """Multiplier of the peak learning rate at ``step``: warm up, hold, decay linearly to 0."""
+    decay_start = steps * (1 - decay_fraction)
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if step >= decay_start:
+        return max(0.0, (steps - step) / max(1.0, steps - decay_start))
+    return 1.0
+
+
 def train_sft(
     model,
     examples: list[dict],
@@ -83,6 +94,7 @@ def train_sft(
     grad_accum: int = 1,
     lr: float = 1e-3,
     warmup_steps: int = 20,
+    decay_fraction: float = 0.3,
     weight_decay: float = 0.0,
     seed: int = 0,
     pad_id: int = 0,
@@ -98,7 +110,7 @@ def train_sft(
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup_steps, decay_fraction))
     generator = torch.Generator().manual_seed(seed)
     model.train()
     losses = []

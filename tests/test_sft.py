@@ -70,8 +70,8 @@ def test_few_steps_lower_the_loss(tokenizer):
     tasks = make_tiny_tasks(64, seed=0, split="train")
     examples = encode_conversations(tokenizer, [demonstration(t, use_tool=i % 2 == 0) for i, t in enumerate(tasks)], TOOLS)
     model = new_model(tokenizer, seed=0)
-    losses = train_sft(model, examples, steps=30, batch_size=8, grad_accum=2, lr=3e-3, warmup_steps=5, progress=False)
-    assert len(losses) == 30
+    losses = train_sft(model, examples, steps=20, batch_size=4, grad_accum=2, lr=3e-3, warmup_steps=5, progress=False)
+    assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
 
 

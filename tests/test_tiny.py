@@ -128,3 +128,17 @@ def test_shipped_baseline_is_in_range():
     assert 0.2 <= result["tool_use"] <= 0.7
     assert result["success_with_tool"] >= 0.95
     assert result["success_without_tool"] < 0.2
+
+
+def test_build_is_deterministic(tmp_path):
+    """A (very short) build twice from the same seed: the same weights, tokenizer and baseline."""
+    from helpers.tiny import build
+
+    small = dict(steps=4, train_tasks=48, eval_tasks=8, progress=False)
+    first, second = build(tmp_path / "a", **small), build(tmp_path / "b", **small)
+    for name in ["model.safetensors", "tokenizer.json", "baseline.json"]:
+        assert (tmp_path / "a" / name).exists()
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+    timings = {"build_wall_s", "build_cpu_s"}
+    assert {k: v for k, v in first.items() if k not in timings} == {k: v for k, v in second.items() if k not in timings}
