@@ -602,8 +602,9 @@ def compare_with_trl(trainer: LoRAGRPO, tokenizer, tasks, max_completion_length:
     torch.manual_seed(seed)
     rows = [{"prompt": t.prompt} for t in tasks for _ in range(G)]  # TRL's sampler repeats each prompt G times
     inputs = trl._generate_and_score_completions(rows)
-    lengths = torch.randint(1, max_completion_length + 1, (len(rows),), generator=gen)
-    keep = torch.arange(max_completion_length)[None, :] < lengths[:, None]  # (N, C)
+    width = inputs["completion_mask"].shape[1]  # C: TRL pads to the longest completion, which can be < max_completion_length
+    lengths = torch.randint(1, width + 1, (len(rows),), generator=gen)
+    keep = torch.arange(width)[None, :] < lengths[:, None]  # (N, C)
     inputs["completion_mask"] = inputs["completion_mask"] * keep
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
 
