@@ -10,21 +10,9 @@ from helpers.config import TrainConfig
 from helpers.data import Task
 from helpers.grpo import LoRAGRPO, collate, group_advantages, grpo_loss, token_logprobs
 from helpers.rollout import Trajectory
-from helpers.tiny import load_tiny
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is fastest, and on a shared CPU two threads can be 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_tiny()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(**overrides) -> TrainConfig:

@@ -12,21 +12,10 @@ import torch
 
 from helpers.config import TrainConfig
 from helpers.grpo import LoRAGRPO, compare_with_trl
-from helpers.tiny import load_tiny, make_tiny_tasks
+from helpers.tiny import make_tiny_tasks
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is fastest, and on a shared CPU two threads can be 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_tiny()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def trained_looking(model, config):

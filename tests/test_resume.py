@@ -21,12 +21,7 @@ from helpers.rollout import Trajectory
 from helpers.tiny import load_tiny
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CONFIG = TrainConfig(lora_r=4, lora_alpha=8, lora_dropout=0.1, lr=5e-3, warmup_steps=2, steps=6, num_iterations=2,
