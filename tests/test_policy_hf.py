@@ -44,18 +44,28 @@ def test_logprobs_match_a_fresh_forward_pass(tiny, temperature):
 
 
 def test_stop_tokens_end_each_row_on_its_own(tiny):
+    """A row about to call the tool and a row about to answer share a batch: each stops at its own stop token."""
+    from helpers.formats import format_tool_call
+    from helpers.tiny import calculator_tools, make_tiny_tasks
+
     model, tokenizer = tiny
     policy = HFPolicy(model, tokenizer)
-    # Stop on a few common tokens so that rows stop at different steps.
-    stops = list(range(3, 120))
-    gens = policy.generate(PROMPTS * 4, SamplingParams(max_new_tokens=20, stop_token_ids=stops, seed=1))
-    assert {g.finish_reason for g in gens} <= {"stop", "length"}
+    task = make_tiny_tasks(1, seed=0, split="validation")[0]
+    expression = task.metadata["expression"]
+    after_tool = task.prompt + [
+        {"role": "assistant", "content": format_tool_call("calculator", {"expression": expression})},
+        {"role": "tool", "content": task.answer},
+    ]
+    prompts = [
+        tokenizer.apply_chat_template(messages, tools=calculator_tools(), add_generation_prompt=True, tokenize=True, return_dict=False)
+        for messages in (task.prompt, after_tool)
+    ]
+    stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("</tool_call>")]
+    gens = policy.generate(prompts, SamplingParams(max_new_tokens=40, temperature=0.0, stop_token_ids=stops))
     for g in gens:
+        assert g.finish_reason == "stop"
         hits = [i for i, t in enumerate(g.token_ids) if t in stops]
-        if g.finish_reason == "stop":
-            assert hits == [len(g.token_ids) - 1]  # exactly one stop token, the last one
-        else:
-            assert hits == [] and len(g.token_ids) == 20
+        assert hits == [len(g.token_ids) - 1]  # exactly one stop token, the last one
     assert len({len(g.token_ids) for g in gens}) > 1  # rows really finished at different steps
 
 
