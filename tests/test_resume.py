@@ -56,24 +56,29 @@ def run(trainer, steps: int, position: int = 0) -> int:
     return position
 
 
+def seed_everything(seed):
+    """Seed every RNG a training step may draw from (python, numpy, torch)."""
+    torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+
+
 def adapter(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
 def test_kill_and_resume_gives_the_same_weights(tmp_path):
     model, _ = load_tiny()
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     straight = new_trainer(model, seed=0)
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     run(straight, 6)
 
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     first = new_trainer(model, seed=0)
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     position = run(first, 3)
     first.save_checkpoint(tmp_path / "checkpoint-3", extra_state={"sampler_position": position})
     del first  # "killed"
-    torch.manual_seed(999), np.random.seed(999), random.seed(999)  # a new process would start elsewhere
+    seed_everything(999)  # a new process would start elsewhere
 
     resumed = new_trainer(model, seed=1)
     extra = resumed.load_checkpoint(latest_checkpoint(tmp_path))
@@ -90,19 +95,19 @@ def test_kill_and_resume_gives_the_same_weights(tmp_path):
 def test_resume_without_rng_would_differ(tmp_path):
     """Guard on the test above: skipping the RNG restore changes the result, so the test can fail."""
     model, _ = load_tiny()
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     straight = new_trainer(model, seed=0)
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     run(straight, 4)
 
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     first = new_trainer(model, seed=0)
-    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    seed_everything(123)
     run(first, 3)
     first.save_checkpoint(tmp_path / "checkpoint-3")
     resumed = new_trainer(model, seed=1)
     resumed.load_checkpoint(tmp_path / "checkpoint-3")
-    torch.manual_seed(999), np.random.seed(999), random.seed(999)  # clobber the restored RNG
+    seed_everything(999)  # clobber the restored RNG
     run(resumed, 1, 3)
     diff = max((adapter(straight)[n] - p).abs().max().item() for n, p in adapter(resumed).items())
     assert diff > 1e-4
