@@ -1,12 +1,23 @@
 """helpers: the real code behind the Agentic RL Workbook.
 
-One module per pipeline stage (see ../DESIGN in the README):
+One module per job; a module imports only modules of earlier stages (``formats`` and
+``data`` below everything, the trainer never imported by rewards, the pictures never
+imported by the stages):
 
-    data      (数据模块)  Task, GSM8K loader, prompts, batching
-    envs      (环境模块)  Env contract, MathEnv, CalculatorEnv, CodeEnv, registry
-    rollout   (采样模块)  Trajectory and the parallel multi-turn sampling loop
-    rewards   (奖励模块)  rule / judge / hybrid rewards and diagnostics
-    grpo, sft (训练模块)  LoRA-GRPO trainer and the SFT warm start
+    formats       the one parser: answer tag, tool calls, numbers, ``judge_answer``
+    data          (数据模块)  Task, dataset registry (GSM8K hub / local, tiny worlds), prompts, splits, TaskSampler, JSONL
+    tiny          (数据模块)  the tiny one-call world: tasks, tokenizer, model, SFT build
+    envs          (环境模块)  Env contract (template ``step``), registry, check_env, math / tool / code envs
+    sandbox       (环境模块)  untrusted code behind an OS boundary
+    policy        (采样模块)  model loading and the rollout backends (transformers, vLLM), one interface
+    rollout       (采样模块)  Trajectory and the batched multi-turn sampling loop
+    rewards       (奖励模块)  rule rewards, weighted combination, reward report; ``judge``: model judges
+    grpo, sft     (训练模块)  advantages, the GRPO loss, LoRAGRPO, checkpoints; the SFT warm start
+    evaluate      held-out success, pass@k, tool calls; ``episode_stats``; a CLI
+    train         the loop and its command line, nothing else
+    trl_compat    everything that touches TRL: config mapping, reward adapter, loss cross-check
+    live, viewer  live curves and logging; trajectory and reward pictures
+    memory, pitfalls  GPU memory plan; health checks and the preflight checklist
 
 Data flows one way:
     Task -> Env.reset -> (policy acts -> Env.step)* -> Trajectory -> reward -> advantages -> GRPO update

@@ -141,12 +141,14 @@ def calculate(expression) -> str:
 
     Never raises. Numbers given instead of a string (``{"expression": 12}``) are accepted.
     """
-    if isinstance(expression, (int, float)) and not isinstance(expression, bool):
-        expression = repr(expression)
     try:
+        if isinstance(expression, (int, float)) and not isinstance(expression, bool):
+            expression = repr(expression)  # ValueError for an int of over 4,300 digits (Python's limit)
         value = evaluate(expression)
     except CalculatorError as e:
         return f"error: {e}"
+    except ValueError:
+        return f"error: number too large (more than {MAX_DIGITS} digits)"
     try:
         return format_number(value)
     except OverflowError:  # a huge non-integer does not fit a float to print its decimals

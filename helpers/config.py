@@ -28,6 +28,7 @@ class TrainConfig:
     dataset: str = "tiny"  # "tiny" (generated arithmetic), "gsm8k" (hub), "gsm8k-sample" (data/gsm8k_sample.jsonl)
     env: str = "calculator"  # registry name, see helpers.envs
     env_max_steps: int = 4  # assistant turns per episode before truncation
+    env_kwargs: dict[str, float] = field(default_factory=dict)  # more options for the env's constructor (e.g. step_timeout=2.0)
     max_train_tasks: int | None = None  # cap on training tasks (None = all)
     # --- rollout ---------------------------------------------------------------------
     backend: str = "hf"  # "hf" (transformers, CPU/GPU) or "vllm" (GPU)
@@ -56,6 +57,7 @@ class TrainConfig:
     epsilon_high: float = 0.28  # clip range above 1 (DAPO clip-higher)
     beta: float = 0.0  # KL coefficient; 0 as in TRL's default
     skip_zero_spread: bool = False  # drop groups whose G rewards are all equal before the update (no signal; saves compute)
+    mask_truncated_completions: bool = False  # TRL's option: episodes a limit cut short are left out of the loss, not taught as wrong
     # --- evaluation, logging, checkpoints -----------------------------------------------
     eval_every: int = 10  # steps between held-out evaluations (0 = only before and after)
     eval_tasks: int = 64  # held-out tasks per evaluation
@@ -74,7 +76,7 @@ def tiny_cpu() -> TrainConfig:
 
     64 episodes per step (8 tasks x G = 8), short turns (a tool call is ~30 tokens, an
     answer ~8), and a learning rate far above the GSM8K one: a rank-8 adapter on a
-    ~0.8M-parameter model moves slowly, and the reward here is clean (exact arithmetic).
+    tiny model (helpers.tiny.MODEL_SHAPE) moves slowly, and the reward here is clean (exact arithmetic).
     Measured on 2 shared CPU cores (OMP_NUM_THREADS=1): ~200 s CPU, ~4-5 min wall.
     """
     return TrainConfig(
@@ -196,4 +198,71 @@ def gsm8k_cpu_smoke() -> TrainConfig:
     )
 
 
-PRESETS.update({"gsm8k-24gb": gsm8k_24gb, "gsm8k-t4": gsm8k_t4, "gsm8k-cpu-smoke": gsm8k_cpu_smoke})
+def gsm8k_24gb_tools() -> TrainConfig:
+    """The agentic GSM8K run: gsm8k-24gb with the calculator as a tool (notebook 07's main run).
+
+    The env is ``calculator``: its JSON schema goes to the tokenizer's own
+    ``apply_chat_template(tools=...)``, so Qwen2.5 sees the tool in its native format and
+    calls it with ``<tool_call>{"name": "calculator", ...}</tool_call>``; the tool's answer
+    comes back as a ``tool`` message, and the episode ends at the first reply without a
+    call. Up to 4 tool calls (5 assistant turns). The single-turn ``gsm8k-24gb`` stays
+    beside it as the RLVR baseline: the same model, data, reward and budget per turn.
+    """
+    config = gsm8k_24gb()
+    config.env = "calculator"
+    config.env_max_steps = 5  # up to 4 tool calls, then the answer
+    config.max_new_tokens = 384  # per turn: reasoning + one call, or the final answer
+    # Qwen's tool preamble (~250 tokens) + question (~120) + 4 x (call ~40 + result ~20) + the answer turns
+    config.max_total_tokens = 1280
+    config.vllm_gpu_memory_utilization = 0.35  # the longer episodes need more KV cache (helpers.memory: 12.1 of 24 GiB)
+    return config
+
+
+def gsm8k_tools_cpu_smoke() -> TrainConfig:
+    """gsm8k-24gb-tools' path on a CPU: the tiny model, the GSM8K-format sample, the calculator
+    env, two steps and the full evaluation. Plumbing only, like gsm8k-cpu-smoke."""
+    config = gsm8k_cpu_smoke()
+    config.env = "calculator"
+    config.env_max_steps = 3
+    config.max_new_tokens = 32  # room for one tool call per turn
+    config.max_total_tokens = 448
+    return config
+
+
+PRESETS.update({"gsm8k-24gb": gsm8k_24gb, "gsm8k-t4": gsm8k_t4, "gsm8k-cpu-smoke": gsm8k_cpu_smoke,
+                "gsm8k-24gb-tools": gsm8k_24gb_tools, "gsm8k-tools-cpu-smoke": gsm8k_tools_cpu_smoke})
+
+
+def tiny_agent() -> TrainConfig:
+    """The multi-step tiny world (``helpers.tiny_agent``): look up two prices, compute the bill, answer.
+
+    The SFT warm start (data/tiny-agent) is a weak agent: greedy, it follows its demonstrator's
+    habits (guess a price, stop after one call, ask the calculator for a price) on three
+    tasks in four. The reward is the outcome alone, no bonus for calling tools: GRPO has to
+    find out that looking both prices up is what pays.
+    """
+    return TrainConfig(
+        model="data/tiny-agent",
+        device="cpu",
+        dataset="tiny-agent",
+        env="shop",  # helpers.envs.shop: lookup(item) + calculator(expression)
+        env_max_steps=5,  # the plan takes 4 turns (lookup, lookup, calculator, answer); one to spare
+        rewards={"correct": 1.0},
+        lr=5e-3,
+        lora_r=8,
+        lora_alpha=16,
+        steps=40,  # the lr decays linearly to 0 over these steps
+        tasks_per_step=8,
+        num_generations=8,
+        max_new_tokens=40,  # one turn: the longest (the calculator call) is ~30 tokens
+        max_total_tokens=320,  # the 4-turn episode is ~170 tokens; error messages are longer
+        eval_every=5,  # 8 held-out points on the curve; a greedy evaluation costs about one step's rollout
+        eval_tasks=64,
+        pass_k=4,
+        save_every=10,
+        log_trajectories_every=5,
+        skip_zero_spread=True,  # groups that all succeed (or all fail) carry no signal: skip them
+    )
+
+
+PRESETS.update({"tiny-agent": tiny_agent})

@@ -21,6 +21,7 @@ Simplifications, named:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -28,9 +29,10 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from helpers.formats import ANSWER_CLOSE, ANSWER_INSTRUCTION, ANSWER_OPEN, format_number, to_number
+from helpers.paths import GSM8K_SAMPLE
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Task:
                ``[{"role": "system", "content": ...}, {"role": "user", "content": ...}]``
     answer:    canonical reference answer (``"1000"``), or None when the env checks another way
     metadata:  anything else (source file and row, difficulty, test cases for code tasks, ...)
+
+    Taught in notebooks/01_dataset.ipynb §2.
     """
 
     id: str
@@ -66,6 +70,8 @@ def make_prompt(question: str, system: str | None = SYSTEM_PROMPT, few_shot: lis
     an assistant turn, so the model sees the answer format used before it answers.
     The default system prompt states that format (``helpers.formats.ANSWER_INSTRUCTION``):
     the environment only accepts what the prompt asked for.
+
+    Taught in notebooks/01_dataset.ipynb §3.
     """
     messages = [{"role": "system", "content": system}] if system else []
     for example_question, example_reply in few_shot or []:
@@ -81,6 +87,8 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = No
     ``add_generation_prompt=True`` appends the opening of the assistant turn
     (``<|im_start|>assistant\\n`` for Qwen), so generation starts inside the reply.
     ``tools`` are JSON schemas (an env's ``tools``); the template lists them in the system turn.
+
+    Taught in notebooks/01_dataset.ipynb §3.
     """
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
@@ -94,6 +102,8 @@ def parse_gold_answer(solution: str, where: str = "answer") -> str:
     """The canonical number after ``####`` in a GSM8K solution: ``"... #### 1,000"`` -> ``"1000"``.
 
     ``where`` names the file and row in the error message.
+
+    Taught in notebooks/01_dataset.ipynb §1.
     """
     if "####" not in solution:
         raise DatasetError(f"{where}: answer has no '#### N' final line: {solution[-60:]!r}")
@@ -138,13 +148,20 @@ def gsm8k_task(
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, row) for every non-blank line of a jsonl file, with one-line errors."""
+    """(line number, row) for every non-blank line of a jsonl file, with one-line errors.
+
+    Taught in notebooks/01_dataset.ipynb §7.
+    """
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes: a bad UTF-8 byte is reported with its row, not as a bare UnicodeDecodeError
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}, row {line_no}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -155,6 +172,18 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
                 raise DatasetError(f"{path}, row {line_no}: expected a JSON object, got {type(row).__name__}")
             rows.append((line_no, row))
     return rows
+
+
+def write_jsonl(path: str | Path, rows: list[dict], mode: str = "w") -> Path:
+    """Write ``rows`` as JSON lines (``mode="a"`` appends); the folder is made if needed.
+    Values JSON cannot hold (a Fraction, a Path) are written as their ``str``.
+    The one writer of every JSONL file the workbook makes; ``read_jsonl`` reads them back."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode, encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, default=str) + "\n")
+    return path
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -188,6 +217,8 @@ def load_gsm8k(
     max_samples:   keep the first N rows (files keep their order; shuffle with TaskSampler).
 
     Task ids are ``gsm8k-{split}-{row index:05d}``, stable across runs.
+
+    Taught in notebooks/01_dataset.ipynb §1.
     """
     if source == "hub":
         import datasets  # imported here: reading a local file should not need it
@@ -208,6 +239,66 @@ def load_gsm8k(
     ]
 
 
+# --- the dataset registry ------------------------------------------------------------------
+# Mirrors ``helpers.envs.register_env``: a preset names its dataset (``config.dataset``), and
+# ``load_dataset`` finds the function that makes its tasks. A loader takes the split, how many
+# tasks (None = all) and a seed (generated worlds draw their tasks from it; files ignore it).
+
+DatasetLoader = Callable[[str, "int | None", int], "list[Task]"]
+DATASETS: dict[str, DatasetLoader] = {}
+DATASET_SPLITS = ("train", "validation", "test")
+DATASET_MODULES = ("helpers.tiny", "helpers.tiny_agent")  # modules that register more datasets; imported on first use
+
+
+def register_dataset(name: str):
+    """Decorator: ``@register_dataset("tiny")`` on ``def loader(split, n, seed) -> list[Task]``."""
+
+    def add(loader: DatasetLoader) -> DatasetLoader:
+        if name in DATASETS and DATASETS[name] is not loader:
+            raise ValueError(f"dataset {name!r} is already registered (by {DATASETS[name].__module__})")
+        DATASETS[name] = loader
+        return loader
+
+    return add
+
+
+def list_datasets() -> list[str]:
+    for module in DATASET_MODULES:
+        importlib.import_module(module)
+    return sorted(DATASETS)
+
+
+def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+    """The tasks of one split of a registered dataset: ``load_dataset("tiny", "test", 64, seed=0)``.
+
+    Taught in notebooks/01_dataset.ipynb.
+    """
+    if split not in DATASET_SPLITS:
+        raise DatasetError(f"unknown split {split!r}; choose from {DATASET_SPLITS}")
+    if name not in list_datasets():
+        raise DatasetError(f"unknown dataset {name!r}; choose from {list_datasets()}")
+    tasks = DATASETS[name](split, n, seed)
+    if not tasks:
+        raise DatasetError(f"dataset {name!r} has no {split} tasks")
+    return tasks
+
+
+@register_dataset("gsm8k")
+def gsm8k_hub(split: str, n: int | None, seed: int) -> list[Task]:
+    """GSM8K from the hub: its own train and test splits (no validation split: use train_val_split)."""
+    if split == "validation":
+        raise DatasetError("gsm8k has no validation split on the hub; split the train split with train_val_split")
+    return load_gsm8k(split, "hub", max_samples=n)
+
+
+@register_dataset("gsm8k-sample")
+def gsm8k_sample(split: str, n: int | None, seed: int) -> list[Task]:
+    """data/gsm8k_sample.jsonl (51 problems), split 80/20 by task id: plumbing only.
+    "validation" and "test" are the same 20%."""
+    train, held_out = train_val_split(load_gsm8k("sample", GSM8K_SAMPLE), val_fraction=0.2, seed=0)
+    return (train if split == "train" else held_out)[:n]
+
+
 # --- splits and batches ----------------------------------------------------------------------
 
 
@@ -216,6 +307,8 @@ def train_val_split(tasks: list[Task], val_fraction: float = 0.1, seed: int = 0)
 
     Tasks that share an id go to the same side (a duplicated row cannot leak).
     The same seed gives the same split; each side keeps the input order.
+
+    Taught in notebooks/01_dataset.ipynb §5.
     """
     if not 0 < val_fraction < 1:
         raise DatasetError(f"val_fraction must be between 0 and 1, got {val_fraction}")
@@ -241,6 +334,8 @@ class TaskSampler:
 
     ``state_dict()`` is the data position (epoch, batch within the epoch); a resumed
     training run calls ``load_state_dict`` and continues with exactly the next batch.
+
+    Taught in notebooks/01_dataset.ipynb §6.
     """
 
     def __init__(self, tasks: list[Task], batch_size: int, seed: int = 0):

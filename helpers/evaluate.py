@@ -1,10 +1,12 @@
 """Evaluation: how good is the policy on tasks it never trained on?
 
     result = evaluate(policy, test_tasks, "calculator", k=4)
-    result.metrics        # {"success": 0.31, "pass@4": 0.62, "tool_use": 0.45, "mean_turns": 1.4, ...}
+    result.metrics        # {"success": 0.31, "pass@4": 0.62, "tool_calls": 1.2, "turns": 1.4, ...}
     result.records[0]     # {"task_id": ..., "predicted": "4042", "verdict": "correct", "stop_reason": "answered", ...}
     breakdown(result.records)                 # {"correct": 20, "wrong_number": 30, "no_answer": 10, "truncated": 4}
     save_records("runs/x/eval-final.jsonl", result.records)
+
+    python -m helpers.evaluate --preset tiny-cpu --adapter runs/tiny-cpu-seed0/checkpoint-50 --n 200 --seed 1234
 
 The same function runs before training, every ``eval_every`` steps and at the end,
 so every run reports *before -> after* on the same tasks with the same settings.
@@ -20,9 +22,17 @@ Two ways of asking "can it solve this task?":
   is simply "any correct". pass@k minus greedy success is the headroom RL can turn
   into greedy success: answers the policy *can* find but does not prefer yet.
 
+``episode_stats`` is the one statistics function of the workbook: the training loop
+logs it for every sampled batch (``success``, ``tool_calls``, ``turns``,
+``completions/mean_length``, ``completions/clipped_ratio``) and evaluation logs it
+for the held-out episodes under ``eval/``. ``completions/...`` are TRL's names; TRL
+logs the tool calls per episode of a training batch as ``tools/call_frequency``.
+
 Simplifications, named: pass@k uses exactly ``n = k`` samples (the estimator is
-unbiased but noisy; more samples per task would lower its variance); the tool-use
-rate and mean turns are measured on the greedy episodes only.
+unbiased but noisy; more samples per task would lower its variance); the tool calls
+and turns are measured on the greedy episodes only.
+
+Taught in notebooks/06_training_loop.ipynb.
 """
 
 from __future__ import annotations
@@ -34,22 +44,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from helpers.data import read_jsonl, write_jsonl
+from helpers.envs.base import TRUNCATED
 from helpers.policy.base import SamplingParams
-from helpers.rewards import count_tool_calls, outcome
+from helpers.rewards import outcome, tool_use
 from helpers.rollout import Trajectory, rollout
-
-TRUNCATED = ("max_steps", "max_tokens", "timeout")  # stop reasons that mean "a limit cut it short"
 
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]  # success, pass@k, tool_use, mean_turns, truncated, ...
+    metrics: dict[str, float]  # episode_stats of the greedy episodes, plus pass@k
     records: list[dict]  # one per task (the greedy episode), for error analysis
     trajectories: list[Trajectory]  # the greedy episodes, for the viewer
 
     def __str__(self) -> str:
         m = self.metrics
-        text = f"success {m['success']:.3f} | tool use {m['tool_use']:.2f} | mean turns {m['mean_turns']:.2f} | truncated {m['truncated']:.2f}"
+        text = (f"success {m['success']:.3f} | tool calls {m['tool_calls']:.2f} | turns {m['turns']:.2f} | "
+                f"clipped {m['completions/clipped_ratio']:.2f}")
         passes = [key for key in m if key.startswith("pass@")]
         return text + "".join(f" | {key} {m[key]:.3f}" for key in passes) + f" | n={m['n']}"
 
@@ -59,6 +70,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
     >>> pass_at_k(4, 0, 4), pass_at_k(4, 1, 4), pass_at_k(10, 5, 1)
     (0.0, 1.0, 0.5)
+
+    Taught in notebooks/06_training_loop.ipynb §1.
     """
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
@@ -77,7 +90,7 @@ def task_record(traj: Trajectory) -> dict:
         "verdict": judged.get("verdict"),
         "correct": bool(judged.get("correct")),
         "stop_reason": traj.stop_reason,
-        "tool_calls": count_tool_calls(traj),
+        "tool_calls": traj.tool_calls,
         "tool_errors": int((traj.info or {}).get("tool_errors", 0)),
         "turns": traj.turns,
         "completion_tokens": traj.num_generated,
@@ -97,30 +110,45 @@ def category(record: dict) -> str:
 
 
 def breakdown(records: list[dict]) -> dict[str, int]:
-    """How many tasks ended each way: ``{"correct": 20, "wrong_number": 30, "no_answer": 10, "truncated": 4}``."""
+    """How many tasks ended each way: ``{"correct": 20, "wrong_number": 30, "no_answer": 10, "truncated": 4}``.
+
+    Taught in notebooks/07_gsm8k_24gb.ipynb §5.
+    """
     counts = Counter(category(r) for r in records)
     return dict(counts.most_common())
 
 
-def summarize(records: list[dict]) -> dict[str, float]:
-    """Rates over records: success, tool use, mean turns, truncation, completion length (and strict format if known)."""
-    if not records:
-        raise ValueError("summarize needs at least one record")
-    n = len(records)
-    metrics = {
-        "success": sum(r["correct"] for r in records) / n,
-        "tool_use": sum(r["tool_calls"] > 0 for r in records) / n,
-        "mean_turns": sum(r["turns"] for r in records) / n,
-        "truncated": sum(r["stop_reason"] in TRUNCATED for r in records) / n,
-        "completion_tokens": sum(r["completion_tokens"] for r in records) / n,
+def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
+    """What a set of episodes did, as rates and means (the keys the logs and curves use):
+
+    success                    fraction judged correct (the env's verdict)
+    tool_calls                 tool calls per episode
+    tool_result_used           fraction whose final answer is one of its tool results (``rewards.tool_use``)
+    turns                      assistant turns per episode
+    completions/mean_length    policy-generated tokens per episode (TRL's name)
+    completions/clipped_ratio  fraction a limit cut short (max_steps / max_tokens / timeout)
+    strict_format              fraction in the strictly asked-for format (envs that judge it)
+    strict_success             right AND in that format (GSM8K's strict accuracy)
+    n                          episodes
+    """
+    if not trajs:
+        raise ValueError("episode_stats needs at least one episode")
+    n = len(trajs)
+    judged = [outcome(t) for t in trajs]
+    stats = {
+        "success": sum(bool(j.get("correct")) for j in judged) / n,
+        "tool_calls": sum(t.tool_calls for t in trajs) / n,
+        "tool_result_used": sum(tool_use(t) for t in trajs) / n,
+        "turns": sum(t.turns for t in trajs) / n,
+        "completions/mean_length": sum(t.num_generated for t in trajs) / n,
+        "completions/clipped_ratio": sum(t.stop_reason in TRUNCATED for t in trajs) / n,
         "n": n,
     }
-    strict = [r["strict_format"] for r in records if r.get("strict_format") is not None]
+    strict = [j["strict_format"] for j in judged if j.get("strict_format") is not None]
     if strict:
-        metrics["strict_format"] = sum(map(bool, strict)) / len(strict)
-        # strict accuracy: right AND in the asked-for format; "success" is the lenient accuracy (GSM8K, issue 9)
-        metrics["strict_success"] = sum(bool(r["correct"]) and bool(r.get("strict_format")) for r in records) / n
-    return metrics
+        stats["strict_format"] = sum(map(bool, strict)) / len(strict)
+        stats["strict_success"] = sum(bool(j.get("correct")) and bool(j.get("strict_format")) for j in judged) / n
+    return stats
 
 
 def evaluate(
@@ -134,40 +162,96 @@ def evaluate(
     max_steps: int = 4,
     max_total_tokens: int = 256,
     seed: int = 0,
+    greedy: bool = True,
     progress: bool = False,
 ) -> EvalResult:
-    """Greedy success (one episode per task) and, if ``k > 0``, pass@k from k sampled episodes per task.
+    """One episode per task (greedy; or sampled at ``temperature`` with ``greedy=False``): its
+    ``episode_stats`` and one record per task. With ``k > 0`` also k sampled episodes per task:
+    ``pass@k`` and ``pass@1`` (the fraction of those samples that are correct: the sampled
+    success rate at ``temperature``).
 
     ``env_factory`` and the limits are passed to ``helpers.rollout.rollout`` unchanged, so an
-    evaluation episode is exactly a training episode, only sampled greedily. ``seed`` fixes
-    the pass@k samples: two evaluations of the same policy give the same numbers.
+    evaluation episode is exactly a training episode. ``seed`` fixes the samples: two
+    evaluations of the same policy give the same numbers.
+
+    Taught in notebooks/06_training_loop.ipynb §1.
     """
     if not tasks:
         raise ValueError("evaluate needs at least one task")
     limits = dict(max_steps=max_steps, max_total_tokens=max_total_tokens, progress=progress)
-    greedy = rollout(tasks, env_factory, policy, group_size=1, sampling=SamplingParams(max_new_tokens, temperature=0.0), **limits)
-    records = [task_record(t) for t in greedy]
-    metrics = summarize(records)
+    first = SamplingParams(max_new_tokens, temperature=0.0 if greedy else temperature, seed=seed + 1)  # seed: pass@k's
+    episodes = rollout(tasks, env_factory, policy, group_size=1, sampling=first, **limits)
+    records = [task_record(t) for t in episodes]
+    metrics = episode_stats(episodes)
     if k > 0:
         sampling = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
         sampled = rollout(tasks, env_factory, policy, group_size=k, sampling=sampling, **limits)
         correct = Counter(t.task_id for t in sampled if outcome(t).get("correct"))
         metrics[f"pass@{k}"] = sum(pass_at_k(k, correct[t.id], k) for t in tasks) / len(tasks)
+        metrics["pass@1"] = sum(correct.values()) / len(sampled)
         for record in records:
             record[f"correct_of_{k}"] = correct[record["task_id"]]
-    return EvalResult(metrics, records, list(greedy))
+    return EvalResult(metrics, records, list(episodes))
 
 
 def save_records(path: str | Path, records: list[dict]) -> Path:
     """Write records as JSONL, one task per line."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record, default=str) + "\n")
-    return path
+    return write_jsonl(path, records)
 
 
 def load_records(path: str | Path) -> list[dict]:
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [row for _, row in read_jsonl(path)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: evaluate the base model or a saved adapter on fresh held-out tasks
+# ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T]``
+
+    Prints one JSON line: success (greedy, or sampled at ``--temperature`` when it is > 0),
+    pass@k, tool calls and turns per episode, and the failure kinds. The tasks are the
+    preset dataset's test split drawn from ``--seed`` (generated worlds: a seed training never
+    uses gives tasks it never saw).
+    """
+    import argparse
+
+    from helpers.config import PRESETS, get_preset
+    from helpers.data import load_dataset
+    from helpers.envs import make_env
+    from helpers.policy import load_model, make_policy
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter.")
+    parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS), help="model, dataset, env and limits")
+    parser.add_argument("--adapter", default=None, help="a checkpoint folder (or any saved peft adapter); default: the base model")
+    parser.add_argument("--n", type=int, default=200, help="held-out tasks")
+    parser.add_argument("--seed", type=int, default=0, help="draws the tasks (generated worlds) and the samples")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples one episode per task at this temperature")
+    parser.add_argument("--k", type=int, default=None, help="pass@k samples per task (default: the preset's pass_k; 0 = none)")
+    args = parser.parse_args(argv)
+
+    config = get_preset(args.preset, device="cpu" if args.preset.startswith(("tiny", "gsm8k-cpu")) else "auto")
+    model, tokenizer = load_model(config)
+    if args.adapter is not None:
+        from peft import PeftModel
+
+        if not (Path(args.adapter) / "adapter_config.json").is_file():
+            parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
+        model = PeftModel.from_pretrained(model, args.adapter)
+    model.eval()
+    policy = make_policy(config, model, tokenizer)
+    tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
+    result = evaluate(policy, tasks, lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs),
+                      k=config.pass_k if args.k is None else args.k, temperature=args.temperature or config.temperature,
+                      greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
+                      max_total_tokens=config.max_total_tokens, seed=args.seed)
+    line = {"preset": args.preset, "adapter": args.adapter, "seed": args.seed, "temperature": args.temperature,
+            **result.metrics, "failures": breakdown(result.records)}
+    print(json.dumps(line))
+    return line
+
+
+if __name__ == "__main__":
+    main()

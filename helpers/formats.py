@@ -15,12 +15,22 @@ Formats (the same for the tiny model and for Qwen2.5-Instruct):
 Lenient answer extraction (used for GSM8K-style checking) falls back from the
 tag to ``\\boxed{...}``, to ``#### N``, to the last number in the text, and says
 which rule fired, so a run can report strict-format and lenient accuracy apart.
+``judge_answer`` is the one verdict on an answer (environments and rewards both call it).
+
+Every function here reads model output, so each takes any string and never raises on
+it, in time linear in its length: tags are found with ``str.find`` (a regex like
+``<tool_call>(.*?)</tool_call>`` rescans the rest of the text from every unclosed
+tag: quadratic, 4 s for 8,000 unclosed tags), numbers longer than
+``MAX_NUMBER_CHARS`` are not numbers we compare, and a tool call's JSON may be huge or
+deeply nested and still only becomes an error message. That is how the step timeout of
+an env "covers" parsing: parsing is fast by construction, so it needs no timer.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -35,10 +45,44 @@ ANSWER_INSTRUCTION = (
 
 _NUMBER = r"-?\$?\s?\d(?:[\d,]*\d)?(?:\.\d+)?%?|-?\$?\.\d+%?"  # a number never ends in a comma: "42, so"
 _NUMBER_RE = re.compile(_NUMBER)
-_TAG_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
 _BOXED_RE = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
-_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
+_FENCE = "```"
+_FENCE_OPEN_RE = re.compile(r"```(?:python|py)?[ \t]*\n")  # a code block opens with ``` or ```python, then a newline
+MAX_NUMBER_CHARS = 1000  # a longer "number" is not compared (int() of 4,300+ digits raises, and no answer is that long)
+MATH_VERIFY_MAX_CHARS = 100  # longer "answers" are not sent to sympy (parsing can be slow)
+
+
+def between(text: str, open_tag: str, close_tag: str) -> list[str]:
+    """The text inside every ``open_tag ... close_tag`` pair, in order (nearest close wins).
+
+    One left-to-right pass with ``str.find``: linear in ``len(text)``. Once an open tag
+    has no close after it, no later one has either, so the scan stops there.
+    """
+    found, pos = [], 0
+    while (start := text.find(open_tag, pos)) >= 0:
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            break
+        found.append(text[start + len(open_tag) : end])
+        pos = end + len(close_tag)
+    return found
+
+
+def code_blocks(text: str) -> list[str]:
+    """The body of every fenced code block (```` ``` ```` or ```` ```python ````, up to the next ```` ``` ````), linear time."""
+    blocks, pos = [], 0
+    while (start := text.find(_FENCE, pos)) >= 0:
+        opener = _FENCE_OPEN_RE.match(text, start)
+        if opener is None:  # a fence that opens nothing (```` ```js ````, or a stray one): look further
+            pos = start + 1
+            continue
+        end = text.find(_FENCE, opener.end())
+        if end < 0:
+            break
+        blocks.append(text[opener.end() : end])
+        pos = end + len(_FENCE)
+    return blocks
 
 
 def to_number(text: str | None) -> Fraction | None:
@@ -55,7 +99,7 @@ def to_number(text: str | None) -> Fraction | None:
     >>> to_number("twelve") is None
     True
     """
-    if text is None:
+    if text is None or len(text) > MAX_NUMBER_CHARS:
         return None
     s = text.strip()
     boxed = _BOXED_RE.fullmatch(s)
@@ -104,13 +148,17 @@ def extract_answer(text: str, lenient: bool = True) -> ExtractedAnswer:
     Strict: the last ``<answer>...</answer>`` tag. Lenient (default) then tries
     the last ``\\boxed{}``, a GSM8K-style ``#### N`` line, and the last number.
     """
-    for how, regex in [("tag", _TAG_RE), ("boxed", _BOXED_RE), ("hash", _HASH_RE)]:
+    tags = between(text, ANSWER_OPEN, ANSWER_CLOSE)
+    if tags:
+        answer = tags[-1].strip()
+        return ExtractedAnswer(answer, to_number(answer), "tag")
+    if not lenient:
+        return ExtractedAnswer(None, None, "none")
+    for how, regex in [("boxed", _BOXED_RE), ("hash", _HASH_RE)]:
         found = regex.findall(text)
         if found:
             answer = found[-1].strip()
             return ExtractedAnswer(answer, to_number(answer), how)
-        if not lenient:
-            return ExtractedAnswer(None, None, "none")
     numbers = _NUMBER_RE.findall(text)
     if numbers:
         last = numbers[-1].strip()
@@ -144,31 +192,91 @@ class ToolCall:
     error: str | None = None
 
 
+def tool_call_blocks(text: str) -> list[str]:
+    """The raw text of every ``<tool_call>`` block, in order (linear time, nothing decoded yet)."""
+    return between(text, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
+
+def parse_tool_call(raw: str) -> ToolCall:
+    """One block's JSON as a ToolCall; anything wrong with it becomes ``ToolCall.error``, never an exception.
+
+    ``ValueError`` covers JSON errors and integers of over 4,300 digits (Python's limit on
+    ``int(str)``); ``RecursionError`` covers JSON nested a thousand levels deep.
+    """
+    try:
+        obj = json.loads(raw.strip())
+    except (ValueError, RecursionError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply" if isinstance(e, RecursionError) else "a number with too many digits"
+        return ToolCall(None, None, raw, f"malformed JSON in tool call: {why}")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ToolCall(None, None, raw, 'tool call needs {"name": ..., "arguments": {...}}')
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode the arguments
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(args, dict):
+        return ToolCall(obj["name"], None, raw, "tool call arguments must be a JSON object")
+    return ToolCall(obj["name"], args, raw)
+
+
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """All tool calls in an assistant message, in order. Never raises on bad JSON."""
-    calls = []
-    for raw in _TOOL_CALL_RE.findall(text):
-        try:
-            obj = json.loads(raw.strip())
-        except json.JSONDecodeError as e:
-            calls.append(ToolCall(None, None, raw, f"malformed JSON in tool call: {e.msg}"))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(ToolCall(None, None, raw, 'tool call needs {"name": ..., "arguments": {...}}'))
-            continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models double-encode the arguments
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(args, dict):
-            calls.append(ToolCall(obj["name"], None, raw, "tool call arguments must be a JSON object"))
-            continue
-        calls.append(ToolCall(obj["name"], args, raw))
-    return calls
+    return [parse_tool_call(raw) for raw in tool_call_blocks(text)]
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
     """The text of one tool call exactly as Qwen2.5-Instruct writes it."""
     return f"{TOOL_CALL_OPEN}\n" + json.dumps({"name": name, "arguments": arguments}) + f"\n{TOOL_CALL_CLOSE}"
+
+
+# --- the verdict on an answer ---------------------------------------------------------------------
+
+
+def _math_verify_equal(reference: str, predicted: str) -> bool:
+    """math-verify's symbolic check (``\\frac{1}{2}`` == ``0.5``); False if it cannot decide.
+
+    math-verify times out with ``signal.alarm``, which only works in the main thread; in
+    a worker thread we turn its timeout off and rely on the short-input cap instead.
+    """
+    from math_verify import parse, verify  # sympy is slow to import: only when needed
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = parse(f"${reference}$", parsing_timeout=timeout)
+        pred = parse(f"${predicted}$", parsing_timeout=timeout)
+        return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout))
+    except Exception:  # math-verify is a best-effort second opinion, never a crash
+        return False
+
+
+def judge_answer(text: str, reference: str | None) -> dict:
+    """Read the final answer in ``text`` and compare it with ``reference``: what counts as an answer.
+
+    Returns ``correct``, ``predicted`` (the answer text found, or None), ``verdict`` and
+    ``strict_format`` (the answer sits in one ``<answer>`` tag, the only one). Verdicts:
+
+    * ``"correct"``
+    * ``"wrong_number"``: a number was found and it is not the reference
+    * ``"wrong_answer"``: an answer was found that is not a plain number and math-verify
+      did not find it equal to the reference (``"x+1"``, ``"forty"``)
+    * ``"no_answer"``: nothing that looks like an answer
+    """
+    found = extract_answer(text, lenient=True)
+    if found.how == "none" or not found.text:
+        return {"correct": False, "predicted": None, "verdict": "no_answer", "strict_format": False}
+    strict = found.strict and text.count(ANSWER_OPEN) == 1 and text.count(ANSWER_CLOSE) == 1
+    judged = {"correct": False, "predicted": found.text, "verdict": "no_answer", "strict_format": strict}
+    reference_value = to_number(reference) if reference is not None else None
+    if found.value is not None and reference_value is not None:
+        correct = answers_match(found.value, reference_value)
+    elif reference is not None and len(found.text) <= MATH_VERIFY_MAX_CHARS:
+        correct = _math_verify_equal(reference, found.text)  # "1/2" vs "0.5", "\\frac{3}{4}", non-numeric golds
+    else:
+        correct = False
+    if found.value is not None:
+        judged["predicted"] = format_number(found.value)  # canonical: "$1,000.00" -> "1000"
+    judged["correct"] = correct
+    judged["verdict"] = "correct" if correct else ("wrong_number" if found.value is not None else "wrong_answer")
+    return judged

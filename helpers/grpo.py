@@ -38,9 +38,12 @@ Simplifications (named, so nothing is hidden):
 from __future__ import annotations
 
 import math
+import os
 import random
+import re
+import shutil
 import warnings
-from dataclasses import dataclass, replace as replace_config
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +51,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from helpers.config import TrainConfig
+from helpers.envs.base import TRUNCATED
+from helpers.rollout import Trajectory
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG, step, extra state (next to the adapter files)
+CHECKPOINT_FILES = ("adapter_model.safetensors", TRAINER_STATE)
+CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")  # what save_checkpoint renames into place; "checkpoint-20.tmp-..." is not one
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,6 +84,8 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     The std is the unbiased one (Bessel's correction), as in TRL. A group is reported as
     zero-spread when its std is (close to) 0: every answer got the same reward, the
     advantages are all 0, and the group only costs compute.
+
+    Taught in notebooks/05_trainer.ipynb §3 and 04_reward.ipynb §4.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (B, G), got {tuple(rewards.shape)}")
@@ -94,6 +103,45 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
         advantages = advantages / (batch_std + eps)
     zero_spread = torch.isclose(group_std, torch.zeros_like(group_std)).squeeze(1)  # (B,)
     return Advantages(advantages, zero_spread)
+
+
+def group_trajectories(trajectories) -> list[list]:
+    """Trajectories grouped by task, in order of first appearance; every group must have the same size G."""
+    groups: dict[str, list] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.task_id, []).append(traj)
+    sizes = {len(g) for g in groups.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"every task needs the same number of samples G, got group sizes {sorted(sizes)}")
+    return list(groups.values())
+
+
+def group_rewards(trajectories) -> torch.Tensor:
+    """The scored trajectories' rewards as a (B, G) tensor: one row per task, in order of first appearance."""
+    return torch.tensor([[t.reward for t in g] for g in group_trajectories(trajectories)], dtype=torch.float32)
+
+
+def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_groups: int | None = None) -> str:
+    """One line per group: its G rewards and the GRPO advantages they give (``helpers.grpo.group_advantages``).
+
+    A group whose rewards are all equal is marked ``(flat)``: its advantages are 0 and it
+    teaches nothing. Trajectories must already be scored.
+
+    Taught in notebooks/04_reward.ipynb §4 and 08_pitfalls.ipynb §2.
+    """
+    groups = group_trajectories(trajs)[:max_groups]
+    rewards = group_rewards([t for g in groups for t in g])  # (B, G)
+    adv = group_advantages(rewards, scale_rewards)
+    width = max(len(g[0].task_id) for g in groups)
+    G = rewards.size(1)
+    lines = [f"{'task':<{width}}  {'rewards':<{6 * G}}  advantages ({scale_rewards})"]
+    for i, g in enumerate(groups):
+        r = " ".join(f"{x:5.2f}" for x in rewards[i].tolist())
+        a = " ".join(f"{x:+5.2f}" for x in adv.advantages[i].tolist())
+        lines.append(f"{g[0].task_id:<{width}}  {r}  {a}" + ("  (flat)" if adv.zero_spread[i] else ""))
+    return "\n".join(lines)
+
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,6 +174,8 @@ def token_logprobs(
     wrapped in activation checkpointing, so its (chunk, V) logits are freed right away
     and recomputed one chunk at a time in the backward pass: the (N, T, V) logits of
     the whole batch never exist. (TRL does the same with a fused kernel.)
+
+    Taught in notebooks/05_trainer.ipynb §4.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrapper -> transformers model
     hidden = base.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # (N, T, H)
@@ -184,6 +234,8 @@ def grpo_loss(
     kl_ratio_correction: multiply the KL term by the ratio (TRL's ``use_bias_correction_kl``,
         default True since the DeepSeek-V3.2 paper): the tokens were sampled from the old
         policy, and the ratio makes the KL gradient the unbiased reverse-KL gradient.
+
+    Taught in notebooks/05_trainer.ipynb §2-3.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -212,7 +264,7 @@ def grpo_loss(
         num_items = mask.sum() if num_items is None else torch.as_tensor(num_items, dtype=mask.dtype)
         loss = (per_token * mask).sum() / num_items.clamp(min=1.0)
 
-    # Metrics (TRL's names in the comments). Clipping only bites where it changes the gradient:
+    # Metrics. Clipping only bites where it changes the gradient:
     # below 1 - eps_low for a negative advantage, above 1 + eps_high for a positive one.
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1.0)
@@ -220,11 +272,11 @@ def grpo_loss(
         low = ((ratio < 1 - epsilon_low) & (adv < 0)).to(mask.dtype)
         high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
         on = mask.bool()
-        metrics = {
+        metrics = {  # TRL's names
             "loss": loss.item(),  # this micro-batch's share: the micro-batch losses add up to the batch loss
-            "clip_low": mean(low),  # clip_ratio/low_mean
-            "clip_high": mean(high),  # clip_ratio/high_mean
-            "clip_region": mean(torch.maximum(low, high)),  # clip_ratio/region_mean
+            "clip_ratio/low_mean": mean(low),
+            "clip_ratio/high_mean": mean(high),
+            "clip_ratio/region_mean": mean(torch.maximum(low, high)),
             "ratio_mean": mean(ratio),
             "ratio_min": ratio[on].min().item() if on.any() else 1.0,
             "ratio_max": ratio[on].max().item() if on.any() else 1.0,
@@ -245,37 +297,28 @@ class Batch:
     input_ids: torch.Tensor  # (N, T) right-padded episodes
     mask: torch.Tensor  # (N, T) 1 on policy-generated tokens
     old_logps: torch.Tensor  # (N, T) sampling log-probs, 0 off the mask
-    advantages: torch.Tensor  # (N,)
-    rewards: torch.Tensor  # (B, G)
-    zero_spread: torch.Tensor  # (B,) bool
+    advantages: torch.Tensor  # (N,) one per episode, from group_advantages
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
 
 
-def group_trajectories(trajectories) -> list[list]:
-    """Trajectories grouped by task, in order of first appearance; every group must have the same size G."""
-    groups: dict[str, list] = {}
-    for traj in trajectories:
-        groups.setdefault(traj.task_id, []).append(traj)
-    sizes = {len(g) for g in groups.values()}
-    if len(sizes) != 1:
-        raise ValueError(f"every task needs the same number of samples G, got group sizes {sorted(sizes)}")
-    return list(groups.values())
+def collate(trajectories, advantages: Advantages, skip_zero_spread: bool = False, mask_truncated: bool = False) -> Batch:
+    """Pad trajectories into tensors and attach each one's advantage (``group_advantages``).
 
+    skip_zero_spread: drop the groups whose G rewards are all equal before any forward
+        pass: their advantage is 0, so with beta = 0 they add nothing to the gradient and
+        only cost compute. (It changes dapo's token count, so it is off when comparing with TRL.)
+    mask_truncated: TRL's ``mask_truncated_completions``: an episode a limit cut short
+        (``TRUNCATED`` stop reasons) keeps its place in its group's baseline but none of its
+        tokens is trained on, so "ran out of room" is not taught as "wrong answer".
 
-def collate(trajectories, scale_rewards: str = "group", skip_zero_spread: bool = False) -> Batch:
-    """Pad trajectories into tensors and attach each one's group advantage.
-
-    skip_zero_spread drops the groups whose G rewards are all equal before any forward
-    pass: their advantage is 0, so with beta = 0 they add nothing to the gradient and
-    only cost compute. (It changes dapo's token count, so it is off when comparing with TRL.)
+    Taught in notebooks/06_training_loop.ipynb §1.
     """
     groups = group_trajectories(trajectories)
-    rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)  # (B, G)
-    adv = group_advantages(rewards, scale_rewards)
-    rows = [(i, j) for i, g in enumerate(groups) for j in range(len(g)) if not (skip_zero_spread and adv.zero_spread[i])]
-    advantages = torch.stack([adv.advantages[i, j] for i, j in rows]) if rows else torch.zeros(0)  # (N,)
+    if advantages.advantages.shape != (len(groups), len(groups[0])):
+        raise ValueError(f"advantages have shape {tuple(advantages.advantages.shape)}, the batch has {len(groups)} groups of {len(groups[0])}")
+    rows = [(i, j) for i, g in enumerate(groups) for j in range(len(g)) if not (skip_zero_spread and advantages.zero_spread[i])]
     kept = [groups[i][j] for i, j in rows]
     T = max((len(t.token_ids) for t in kept), default=1)
     input_ids = torch.zeros((len(kept), T), dtype=torch.long)  # pad id 0: pads sit after the mask, never scored
@@ -286,9 +329,10 @@ def collate(trajectories, scale_rewards: str = "group", skip_zero_spread: bool =
         if not (len(t.mask) == len(t.logprobs) == L):
             raise ValueError(f"trajectory {t.task_id}/{t.group}: token_ids, mask and logprobs differ in length")
         input_ids[n, :L] = torch.tensor(t.token_ids)
-        mask[n, :L] = torch.tensor(t.mask)
+        mask[n, :L] = 0 if mask_truncated and t.stop_reason in TRUNCATED else torch.tensor(t.mask)
         old_logps[n, :L] = torch.tensor(t.logprobs)
-    return Batch(input_ids, mask, old_logps, advantages, rewards, adv.zero_spread)
+    flat = torch.stack([advantages.advantages[i, j] for i, j in rows]) if rows else torch.zeros(0)  # (N,)
+    return Batch(input_ids, mask, old_logps, flat)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,9 +359,29 @@ def set_rng_state(state: dict) -> None:
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest ``checkpoint-<step>`` folder under out_dir that is complete, or None."""
-    done = [p for p in Path(out_dir).glob("checkpoint-*") if (p / TRAINER_STATE).exists()]
+    """The newest complete ``checkpoint-<step>`` folder under out_dir, or None.
+
+    Complete means renamed into place by ``save_checkpoint`` (a save killed half-way
+    leaves only a ``.tmp-`` folder, which is ignored) with both of its files present.
+    """
+    done = [p for p in Path(out_dir).glob("checkpoint-*")
+            if CHECKPOINT_NAME.fullmatch(p.name) and all((p / name).is_file() for name in CHECKPOINT_FILES)]
     return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of ``folder``, and the folder itself, to disk (a rename is only as
+    durable as what it renames)."""
+    for path in [*folder.iterdir(), folder]:
+        _fsync(path)
 
 
 def _combine(micro: list[dict]) -> dict:
@@ -336,38 +400,51 @@ def _combine(micro: list[dict]) -> dict:
     return out
 
 
-class LoRAGRPO:
-    """GRPO on a LoRA adapter: ``train_step(trajectories) -> metrics``.
+def lora_config(config: TrainConfig):
+    """The config's ``lora_*`` fields as a peft ``LoraConfig``: the one place it is built
+    (our trainer, TRL's through ``helpers.trl_compat``, and the scale-out script)."""
+    from peft import LoraConfig
 
-        trainer = LoRAGRPO(model, config)          # wraps the model in a peft LoRA adapter
-        metrics = trainer.train_step(trajectories) # G samples of each of B tasks
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+
+
+class LoRAGRPO:
+    """GRPO on a LoRA adapter: ``update(batch) -> metrics``.
+
+        trainer = LoRAGRPO(model, config)                    # wraps the model in a peft LoRA adapter
+        advantages = group_advantages(group_rewards(trajs))  # (B, G): G samples of each of B tasks
+        metrics = trainer.update(collate(trajs, advantages))
+        metrics = trainer.train_step(trajs)                  # the two lines above, with the config's options
         trainer.save_checkpoint("runs/x/checkpoint-20", extra_state={"sampler": ...})
 
-    One ``train_step`` = one batch of rollouts, reused for ``num_iterations`` (mu)
-    optimizer steps (mu = 1: the ratio is ~1 and the clip never bites; mu > 1: later
-    updates are off-policy and the clip keeps them close). Each optimizer step
-    accumulates gradients over ``grad_accum`` micro-batches, clips the gradient norm,
-    and steps AdamW (LoRA parameters only) and a linear warmup/decay schedule.
+    One ``update`` = one batch of rollouts, reused for ``num_iterations`` (mu)
+    optimizer steps (mu = 1: the update is on-policy, the ratio is ~1 and the clip
+    rarely bites; mu > 1: later updates are off-policy and the clip keeps them close).
+    Each optimizer step accumulates gradients over ``grad_accum`` micro-batches, clips
+    the gradient norm, and steps AdamW (LoRA parameters only) and a linear warmup/decay
+    schedule.
 
     The model is wrapped in a LoRA adapter built from the config's ``lora_*`` fields; a
     model that already is a peft model keeps its adapter. Only the adapter is trained.
-    ``train_step`` puts the model in train mode and leaves it in eval mode, ready to sample.
+    ``update`` puts the model in train mode and leaves it in eval mode, ready to sample.
 
     Named simplifications: no distributed training; the schedule decays linearly to 0
     at ``total_steps * num_iterations`` optimizer steps (TRL's default "linear").
+
+    Taught in notebooks/05_trainer.ipynb.
     """
 
     def __init__(
         self,
         model,
         config: TrainConfig,
-        total_steps: int | None = None,  # train_step calls planned (default config.steps), for the schedule
+        total_steps: int | None = None,  # update calls planned (default config.steps), for the schedule
         max_completion_length: int | None = None,  # dr_grpo's denominator (default: the episode's generation budget)
         temperature: float | None = None,  # sampling temperature the log-probs were taken at (default config.temperature)
-        skip_zero_spread: bool = False,  # drop groups whose rewards are all equal before the forward pass
         chunk_size: int = 1024,  # positions per LM-head chunk in token_logprobs
     ):
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import PeftModel, get_peft_model
         from transformers import get_linear_schedule_with_warmup
 
         if not config.use_lora:
@@ -380,9 +457,9 @@ class LoRAGRPO:
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if config.device == "auto" else config.device))
         if not isinstance(model, PeftModel):
-            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                              target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-            model = get_peft_model(model, lora)
+            with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`: noise, not news
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = get_peft_model(model, lora_config(config))
         self.model = model.to(self.device)
         if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, ~30% more compute
             base = self.model.get_base_model()
@@ -400,9 +477,8 @@ class LoRAGRPO:
         budget = min(config.max_total_tokens, config.max_new_tokens * config.env_max_steps)
         self.max_completion_length = max_completion_length or budget
         self.temperature = config.temperature if temperature is None else temperature
-        self.skip_zero_spread = skip_zero_spread
         self.chunk_size = chunk_size
-        self.step = 0  # train_step calls done (batches of rollouts consumed)
+        self.step = 0  # update calls done (batches of rollouts consumed)
         self.optimizer_steps = 0
         self.skipped_steps = 0  # optimizer steps skipped because the loss or gradient was NaN/inf
 
@@ -419,17 +495,20 @@ class LoRAGRPO:
                     return token_logprobs(self.model, input_ids, mask, self.temperature, self.chunk_size)[0]
             return token_logprobs(self.model, input_ids, mask, self.temperature, self.chunk_size)[0]
 
-    def train_step(self, trajectories) -> dict[str, float]:
-        """One batch of rollouts -> num_iterations optimizer steps. Returns the step's metrics."""
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Scored trajectories -> advantages -> ``update``, with the config's ``scale_rewards``,
+        ``skip_zero_spread`` and ``mask_truncated_completions`` (what ``helpers.train`` spells out)."""
         cfg = self.config
-        self.model.train()
-        batch = collate(trajectories, cfg.scale_rewards, self.skip_zero_spread)
-        metrics = {"reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
-                   "frac_zero_spread": batch.zero_spread.float().mean().item()}
+        advantages = group_advantages(group_rewards(trajectories), cfg.scale_rewards)
+        return self.update(collate(trajectories, advantages, cfg.skip_zero_spread, cfg.mask_truncated_completions))
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One batch of rollouts -> num_iterations optimizer steps. Returns the step's metrics (TRL's names)."""
+        cfg = self.config
         self.step += 1
         if len(batch) == 0:  # every group had zero spread and was skipped
-            self.model.eval()
-            return {**metrics, "step": self.step, "skipped_steps": self.skipped_steps}
+            return {"step": self.step, "skipped_steps": self.skipped_steps}
+        self.model.train()
         ids, mask = batch.input_ids.to(self.device), batch.mask.to(self.device)  # (N, T)
         old, adv = batch.old_logps.to(self.device), batch.advantages.to(self.device)  # (N, T), (N,)
         ref = self.logprobs(ids, mask, reference=True) if cfg.beta != 0.0 else None  # (N, T) or None
@@ -461,15 +540,27 @@ class LoRAGRPO:
                 warnings.warn(f"step {self.step}: non-finite loss or gradient, optimizer step skipped "
                               f"({self.skipped_steps} skipped so far)", stacklevel=2)
                 continue
-            lr = self.scheduler.get_last_lr()[0]
+            learning_rate = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_steps += 1
-            per_iteration.append({**_combine(micro), "grad_norm": grad_norm.item(), "lr": lr})
-        for key in per_iteration[0] if per_iteration else []:  # average over the mu iterations
-            metrics[key] = sum(it[key] for it in per_iteration) / len(per_iteration)
+            per_iteration.append({**_combine(micro), "grad_norm": grad_norm.item(), "learning_rate": learning_rate})
+        metrics = {key: sum(it[key] for it in per_iteration) / len(per_iteration)  # averaged over the mu iterations
+                   for key in (per_iteration[0] if per_iteration else [])}
         self.model.eval()  # the next rollout samples without (LoRA) dropout
         return {**metrics, "step": self.step, "skipped_steps": self.skipped_steps}
+
+    def sampled_kl(self, batch: Batch) -> float:
+        """Mean k3 KL(sampling policy || reference) per generated token of ``batch``, from one
+        no-grad forward of the reference (the adapter switched off). With beta = 0 the loss
+        never computes a KL; this one keeps it in the logs, where the health checks read it."""
+        mask = batch.mask.to(self.device)
+        if not mask.any():
+            return 0.0
+        ref = self.logprobs(batch.input_ids.to(self.device), mask, reference=True)  # (N, T)
+        delta = ref - batch.old_logps.to(self.device)  # (N, T) log pi_ref - log pi_old
+        kl = (torch.exp(delta) - delta - 1).clamp(min=0)  # (N, T) k3 estimator, >= 0 (clamp: float rounding near 0)
+        return ((kl * mask).sum() / mask.sum()).item()
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: adapter + optimizer + scheduler + RNG + counters + the caller's extra state
@@ -478,10 +569,18 @@ class LoRAGRPO:
     def save_checkpoint(self, directory: str | Path, extra_state: dict | None = None) -> Path:
         """Write the adapter (peft format, loadable by ``PeftModel.from_pretrained`` and vLLM) and
         everything else needed to continue exactly: ``extra_state`` is where the training loop
-        puts its own position (e.g. the data sampler's)."""
+        puts its own position (e.g. the data sampler's).
+
+        Atomic: everything is written into ``<directory>.tmp-<pid>``, flushed to disk, then
+        renamed to ``directory`` in one step. A process killed at any moment leaves either
+        the old checkpoint or the new one, never a half-written file that ``--resume`` would
+        trip over; ``latest_checkpoint`` ignores leftover ``.tmp-`` folders.
+        """
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        temporary = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+        self.model.save_pretrained(temporary)
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -491,7 +590,16 @@ class LoRAGRPO:
             "skipped_steps": self.skipped_steps,
             "extra_state": extra_state or {},
         }
-        torch.save(state, directory / TRAINER_STATE)  # written last: its presence marks a complete checkpoint
+        torch.save(state, temporary / TRAINER_STATE)
+        _fsync_tree(temporary)
+        if directory.exists():  # saving the same step twice: move the old one aside, then drop it
+            stale = directory.with_name(f"{directory.name}.old-{os.getpid()}")
+            directory.rename(stale)
+            temporary.rename(directory)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            temporary.rename(directory)
+        _fsync(directory.parent)  # the rename itself
         return directory
 
     def load_checkpoint(self, directory: str | Path) -> dict:
@@ -500,8 +608,9 @@ class LoRAGRPO:
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        if not (directory / TRAINER_STATE).exists():
-            raise FileNotFoundError(f"{directory} is not a complete checkpoint (no {TRAINER_STATE})")
+        missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{directory} is not a complete checkpoint (no {missing[0]})")
         set_peft_model_state_dict(self.model, load_file(directory / "adapter_model.safetensors", device=str(self.device)))
         state = torch.load(directory / TRAINER_STATE, map_location="cpu", weights_only=False)  # our own file
         self.optimizer.load_state_dict(state["optimizer"])
@@ -509,131 +618,3 @@ class LoRAGRPO:
         set_rng_state(state["rng"])
         self.step, self.optimizer_steps, self.skipped_steps = state["step"], state["optimizer_steps"], state["skipped_steps"]
         return state["extra_state"]
-
-
-# ----------------------------------------------------------------------------------------------
-# 6. The same batch through TRL's GRPOTrainer, for comparison (test, notebook 05, benchmark)
-# ----------------------------------------------------------------------------------------------
-
-
-def trl_trainer(model, tokenizer, config: TrainConfig, prompts: list[list[dict]], max_completion_length: int,
-                output_dir: str | Path, peft_config=None):
-    """A TRL ``GRPOTrainer`` with the settings of ``config`` (same loss, clip, beta, LoRA, optimizer).
-
-    prompts: chat-message prompts, one row each of a tiny ``datasets.Dataset``.
-    One optimizer step = ``tasks_per_step * num_generations`` completions, split into
-    ``grad_accum`` micro-batches as ours. The reward function is a placeholder: callers
-    that compare losses feed their own rewards or advantages.
-    """
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    group = config.num_generations * config.tasks_per_step
-    args = GRPOConfig(
-        output_dir=str(output_dir), report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
-        per_device_train_batch_size=group // config.grad_accum, gradient_accumulation_steps=config.grad_accum,
-        num_generations=config.num_generations, max_completion_length=max_completion_length,
-        temperature=config.temperature, top_p=config.top_p, num_iterations=config.num_iterations,
-        loss_type=config.loss_type, scale_rewards=config.scale_rewards, beta=config.beta,
-        epsilon=config.epsilon_low, epsilon_high=config.epsilon_high,
-        learning_rate=config.lr, warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm, lr_scheduler_type="linear", max_steps=config.steps,
-        gradient_checkpointing=config.gradient_checkpointing, seed=config.seed,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-    )
-    dataset = Dataset.from_list([{"prompt": p} for p in prompts])
-    placeholder = lambda completions, **kwargs: [0.0] * len(completions)  # noqa: E731
-    return GRPOTrainer(model=model, reward_funcs=placeholder, args=args, train_dataset=dataset,
-                       processing_class=tokenizer, peft_config=peft_config)
-
-
-def _completion_aligned(full: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
-    """(N, T) token-aligned values -> (N, width) TRL's completion-aligned layout (values on the mask, left-packed)."""
-    out = torch.zeros(full.size(0), width, dtype=full.dtype)
-    for n in range(full.size(0)):
-        values = full[n][mask[n].bool()]
-        out[n, : len(values)] = values
-    return out
-
-
-def trajectories_from_trl(inputs: dict, tasks, rewards: list[float]) -> list:
-    """TRL's batch (left-padded prompts, right-padded completions) as our Trajectories:
-    unpadded prompt + completion, mask 1 on the completion. Old log-probs are left at 0."""
-    from helpers.rollout import Trajectory
-
-    G = len(rewards) // len(tasks)
-    trajectories = []
-    for n in range(len(rewards)):
-        prompt = inputs["prompt_ids"][n][inputs["prompt_mask"][n].bool()].tolist()
-        completion = inputs["completion_ids"][n][inputs["completion_mask"][n].bool()].tolist()
-        trajectories.append(Trajectory(task=tasks[n // G], group=n % G, token_ids=prompt + completion,
-                                       mask=[0] * len(prompt) + [1] * len(completion),
-                                       logprobs=[0.0] * (len(prompt) + len(completion)), prompt_len=len(prompt),
-                                       reward=rewards[n]))
-    return trajectories
-
-
-def compare_with_trl(trainer: LoRAGRPO, tokenizer, tasks, max_completion_length: int = 16,
-                     old_noise: float = 0.3, seed: int = 0) -> dict:
-    """Feed one batch to our loss and to TRL's ``GRPOTrainer._compute_loss``; return both.
-
-    1. TRL samples G completions per task (its own generate), and its reward function
-       draws random rewards; TRL turns them into advantages.
-    2. Completions are cut to random lengths (the untrained tiny model rarely stops by
-       itself, and grpo / dr_grpo / dapo only differ when lengths differ).
-    3. "Old" log-probs = current log-probs + noise, so ratios spread and the clip bites.
-    4. The same tokens, old log-probs and reference log-probs (ours: adapter off) go to
-       both losses. TRL gets a *copy* of our peft model, so the weights are identical.
-    Returns ours/trl losses, advantages, and both clip fractions (and KL when beta > 0).
-    """
-    import copy
-    import tempfile
-
-    cfg = trainer.config
-    G = cfg.num_generations
-    gen = torch.Generator().manual_seed(seed)
-    rewards_drawn = torch.randint(0, 3, (len(tasks) * G,), generator=gen).float().tolist()
-    with tempfile.TemporaryDirectory() as tmp:
-        trl = trl_trainer(copy.deepcopy(trainer.model), tokenizer, replace_config(cfg, tasks_per_step=len(tasks), grad_accum=1),
-                          [t.prompt for t in tasks], max_completion_length, tmp)
-    trl.reward_funcs[0] = lambda completions, **kwargs: rewards_drawn[: len(completions)]
-    trl.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call the loss directly
-    trl.model.train()
-    torch.manual_seed(seed)
-    rows = [{"prompt": t.prompt} for t in tasks for _ in range(G)]  # TRL's sampler repeats each prompt G times
-    inputs = trl._generate_and_score_completions(rows)
-    width = inputs["completion_mask"].shape[1]  # C: TRL pads to the longest completion, which can be < max_completion_length
-    lengths = torch.randint(1, width + 1, (len(rows),), generator=gen)
-    keep = torch.arange(width)[None, :] < lengths[:, None]  # (N, C)
-    inputs["completion_mask"] = inputs["completion_mask"] * keep
-    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
-
-    trajectories = trajectories_from_trl(inputs, tasks, rewards_drawn)
-    batch = collate(trajectories, cfg.scale_rewards)
-    with torch.no_grad():
-        current = trainer.logprobs(batch.input_ids, batch.mask)  # (N, T)
-    old = (current + old_noise * torch.randn(current.shape, generator=gen)) * batch.mask  # (N, T)
-    ref = trainer.logprobs(batch.input_ids, batch.mask, reference=True) if cfg.beta != 0.0 else None
-
-    trainer.model.train()
-    logps = trainer.logprobs(batch.input_ids, batch.mask)
-    ours, metrics = grpo_loss(logps, old, batch.advantages, batch.mask, ref, loss_type=cfg.loss_type,
-                              epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                              max_completion_length=max_completion_length)
-    inputs["old_per_token_logps"] = _completion_aligned(old, batch.mask, max_completion_length)
-    if ref is not None:
-        inputs["ref_per_token_logps"] = _completion_aligned(ref, batch.mask, max_completion_length)
-    theirs = trl.compute_loss(trl.model, inputs)
-    trl_metrics = {k: v[-1] for k, v in trl._metrics["train"].items()}
-    # The same loss value could still hide a different gradient (a misplaced detach): compare those too.
-    trainer.model.zero_grad()
-    ours.backward()
-    theirs.backward()
-    trl_params = dict(trl.model.named_parameters())
-    grad_diff = max((p.grad - trl_params[n].grad).abs().max().item()
-                    for n, p in trainer.model.named_parameters() if p.requires_grad)
-    trainer.model.zero_grad()
-    return {"ours": ours.item(), "trl": theirs.item(), "grad_max_diff": grad_diff, "advantages_ours": batch.advantages,
-            "advantages_trl": inputs["advantages"], "clip_ours": metrics["clip_region"],
-            "clip_trl": trl_metrics["clip_ratio/region_mean"], "kl_ours": metrics.get("kl"), "kl_trl": trl_metrics.get("kl"),
-            "tokens": int(batch.mask.sum())}

@@ -11,6 +11,8 @@ that changes, not a new image per step and not a flickering ``clear_output``. A
 second handle holds the latest one-line summary under it.
 
 Outside a notebook (``python -m helpers.train``) every update prints one line.
+``Reporters`` also sends the metrics to TensorBoard or trackio when a run asks for them
+(``report_to``), under the same names.
 
 Simplification: the figure is redrawn from scratch on every update (six small
 line plots); at one update per training step this costs a few milliseconds,
@@ -21,16 +23,20 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 # (panel title, y-axis label, [(metric key, legend label), ...]). The training loop
 # logs these keys; "eval/..." keys appear only on evaluation steps (sparse points).
+# "eval/pass@k" stands for the run's pass@k, whatever its k (the loop logs e.g. "eval/pass@4").
 PANELS = [
     ("training reward", "mean reward", [("reward", "train samples")]),
-    ("held-out success", "success rate", [("eval/success", "greedy"), ("eval/pass@k", "pass@k (sampled)")]),
-    ("tool-use rate", "fraction", [("tool_use", "train samples"), ("eval/tool_use", "held-out greedy")]),
+    ("held-out success", "success rate", [("eval/success", "greedy"), ("eval/pass@1", "sampled (one try)"),
+                                          ("eval/pass@k", "pass@k (any of k tries)")]),
+    ("tool calls and turns per episode", "per episode", [("tool_calls", "tool calls (train)"), ("eval/tool_calls", "tool calls (held-out)"),
+                                                         ("turns", "turns (train)"), ("eval/turns", "turns (held-out)")]),
     ("KL to reference", "KL", [("kl", "k3 estimate")]),
-    ("completion length", "tokens", [("completion_len", "policy tokens")]),
+    ("completion length", "tokens", [("completions/mean_length", "policy tokens per episode")]),
     ("step time split", "seconds", [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_update", "update")]),
 ]
 KEYS = [key for _, _, series in PANELS for key, _ in series if key]
@@ -39,13 +45,21 @@ KEYS = [key for _, _, series in PANELS for key, _ in series if key]
 LINE_FIELDS = [
     ("reward", "reward {:.3f}"),
     ("success", "success {:.2f}"),
-    ("tool_use", "tool {:.2f}"),
+    ("tool_calls", "tools {:.2f}"),
     ("kl", "kl {:.4f}"),
-    ("clip_frac", "clip {:.3f}"),
-    ("completion_len", "len {:.1f}"),
-    ("eval/success", "EVAL success {:.3f}"),
-    ("eval/tool_use", "EVAL tool {:.2f}"),
+    ("clip_ratio/region_mean", "clip {:.3f}"),
+    ("completions/mean_length", "len {:.1f}"),
+    ("eval/success", "EVAL greedy {:.3f}"),
+    ("eval/pass@1", "sampled {:.3f}"),
+    ("eval/tool_calls", "tools {:.2f}"),
 ]
+
+
+def series_key(key: str) -> str:
+    """The curve a logged key belongs to: ``eval/pass@4`` -> ``eval/pass@k``; other keys are their own."""
+    if key.startswith("eval/pass@") and key != "eval/pass@1":
+        return "eval/pass@k"
+    return key
 
 
 def in_notebook() -> bool:
@@ -82,6 +96,8 @@ class LiveCurves:
     run_dir:      where ``close()`` saves ``curves.png`` (None: do not save)
     notebook:     force a mode; None detects it with ``in_notebook()``
     total_steps:  printed as ``step 3/60``
+
+    Taught in notebooks/06_training_loop.ipynb §2.
     """
 
     def __init__(self, run_dir: str | Path | None = None, notebook: bool | None = None, total_steps: int | None = None):
@@ -95,10 +111,10 @@ class LiveCurves:
 
     def record(self, step: int, metrics: dict) -> None:
         """Add this step's metrics to the curves without showing anything (a resumed run replays its history)."""
-        for key in self.history:
-            value = metrics.get(key)
-            if value is not None and not math.isnan(value):
-                self.history[key].append((step, float(value)))
+        for key, value in metrics.items():
+            curve = series_key(key)
+            if curve in self.history and isinstance(value, (int, float)) and not math.isnan(value):
+                self.history[curve].append((step, float(value)))
 
     def update(self, step: int, metrics: dict) -> None:
         """Record this step's metrics and refresh the display."""
@@ -163,3 +179,39 @@ class LiveCurves:
     def close(self) -> Path | None:
         """End of run: save the PNG. The notebook figure stays as last drawn."""
         return self.save()
+
+
+class Reporters:
+    """Optional TensorBoard / trackio logging, used only when asked for and installed."""
+
+    def __init__(self, names: list[str], run_dir: Path, config):
+        self.tb = self.trackio = None
+        for name in names:
+            try:
+                if name == "tensorboard":
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+                elif name == "trackio":
+                    import trackio
+
+                    trackio.init(project="agentic-rl-workbook", name=run_dir.name, config=asdict(config))
+                    self.trackio = trackio
+                else:
+                    raise ValueError(f"unknown reporter {name!r}; choose tensorboard or trackio")
+            except ImportError:
+                print(f"report_to: {name} is not installed, skipping it (pip install {name})")
+
+    def log(self, metrics: dict) -> None:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.tb is not None:
+            for key, value in numbers.items():
+                self.tb.add_scalar(key, value, metrics["step"])
+        if self.trackio is not None:
+            self.trackio.log(numbers, step=metrics["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.trackio is not None:
+            self.trackio.finish()

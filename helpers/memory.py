@@ -205,7 +205,10 @@ class MemoryPlan:
 
 
 def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS) -> MemoryPlan:
-    """Estimate GPU memory for a preset (name or TrainConfig) in both phases of a step."""
+    """Estimate GPU memory for a preset (name or TrainConfig) in both phases of a step.
+
+    Taught in notebooks/07_gsm8k_24gb.ipynb §1 and 08_pitfalls.ipynb §3.
+    """
     if isinstance(config, str):
         config = get_preset(config)
     if config.dtype not in BYTES:

@@ -21,7 +21,7 @@ Simplifications, named:
   logs ``rewards/<name>/mean``) and the weighted sum in ``traj.reward``.
 * A part that raises is worth 0 for that trajectory; the error is written to
   ``traj.info["reward_errors"][part]`` and counted, so one bad row never stops training.
-* Outcome checking is the env's own (``helpers.envs.judge_answer``): the reward
+* Outcome checking is the env's own (``helpers.formats.judge_answer``): the reward
   never disagrees with the env about what counts as correct.
 """
 
@@ -34,9 +34,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from helpers.data import Task, parse_gold_answer
-from helpers.envs import judge_answer
-from helpers.formats import ANSWER_CLOSE, ANSWER_OPEN, answers_match, extract_answer, parse_tool_calls, to_number
+from helpers.data import parse_gold_answer
+from helpers.formats import judge_answer
+from helpers.formats import ANSWER_CLOSE, ANSWER_OPEN, answers_match, extract_answer, to_number
 from helpers.rollout import Trajectory
 
 RewardFn = Callable[[Trajectory], "float | dict[str, float]"]
@@ -72,7 +72,7 @@ def reward_name(fn) -> str:
 
 
 def check_answer(text: str, reference: str | None) -> dict:
-    """GSM8K-style outcome check, as the env does it: ``helpers.envs.judge_answer``.
+    """GSM8K-style outcome check, as the env does it: ``helpers.formats.judge_answer``.
 
     Returns the env's info keys: ``correct``, ``verdict`` (``"correct"``, ``"wrong_number"``,
     ``"wrong_answer"``, ``"no_answer"``, or ``"no_reference"``), ``predicted``, ``strict_format``.
@@ -106,6 +106,8 @@ def correct(traj: Trajectory) -> float:
     one, and guessing the most common answer pays off on easy sets; a sparse 0/1
     signal also gives no gradient when every sample in a group fails (see
     ``reward_report``).
+
+    Taught in notebooks/04_reward.ipynb §2.
     """
     return 1.0 if outcome(traj)["correct"] else 0.0
 
@@ -135,21 +137,6 @@ def tool_results(traj: Trajectory) -> list[str]:
     return [m["content"] for m in traj.messages if m["role"] == "tool" and not str(m["content"]).startswith("error:")]
 
 
-def count_tool_calls(traj: Trajectory) -> int:
-    """Calculator calls: the env's count when present, else counted in the assistant messages.
-
-    Counts both our text format (``<tool_call>...</tool_call>``) and the structured
-    ``tool_calls`` field TRL puts on parsed assistant messages.
-    """
-    if "tool_calls" in (traj.info or {}):
-        return int(traj.info["tool_calls"])
-    n = 0
-    for m in traj.messages:
-        if m["role"] == "assistant":
-            n += len(parse_tool_calls(m.get("content") or "")) + len(m.get("tool_calls") or [])
-    return n
-
-
 @register_reward("tool_use")
 def tool_use(traj: Trajectory) -> float:
     """1.0 if the calculator was called and one of its results *is* the final answer, else 0.0.
@@ -159,7 +146,7 @@ def tool_use(traj: Trajectory) -> float:
     "verifies" nothing; and it pays on wrong answers whose wrong number came from a
     wrong expression. Use it as a small bonus next to ``correct``, never alone.
     """
-    if count_tool_calls(traj) == 0:
+    if traj.tool_calls == 0:
         return 0.0
     answer = extract_answer(_final_assistant_text(traj)).value
     return 1.0 if any(answers_match(answer, to_number(r)) for r in tool_results(traj)) else 0.0
@@ -210,7 +197,7 @@ def tool_call_bonus(traj: Trajectory) -> float:
     Notebook 04 shows it exploited and fixed (pay ``tool_use`` instead: once, and
     only when the tool's result is the answer). Not for training.
     """
-    return float(count_tool_calls(traj))
+    return float(traj.tool_calls)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,16 +225,32 @@ def safe_call(fn: RewardFn, name: str, traj: Trajectory) -> tuple[dict[str, floa
     errors.pop(name, None)
     try:
         value = fn(traj)
-        parts = {f"{name}/{k}": float(v) for k, v in value.items()} if isinstance(value, dict) else {name: float(value)}
-        if not all(math.isfinite(v) for v in parts.values()):  # one NaN would poison the whole group's advantages
-            raise ValueError(f"reward is not a finite number: {parts}")
+        values = value if isinstance(value, dict) else {None: value}
+        parts = {name if key is None else f"{name}/{key}": as_number(v) for key, v in values.items()}
         return parts, None
     except Exception as e:
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        message = f"{type(e).__name__}: {e} (in {last.name}, line {last.lineno})"
-        traj.info = dict(traj.info or {})
-        traj.info.setdefault("reward_errors", {})[name] = message
-        return {name: 0.0}, message
+        return {name: 0.0}, record_error(traj, name, e)
+
+
+def as_number(value) -> float:
+    """A reward value as a finite float, or a clear error: a string ("0.5") or a bool (True)
+    is almost always a bug in the reward, and one NaN or inf would poison its whole group's
+    advantages (and with it the optimizer step)."""
+    if isinstance(value, bool) or not hasattr(value, "__float__"):  # a str has no __float__; numpy/torch scalars do
+        raise TypeError(f"a reward must be a number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"reward is not a finite number: {number}")
+    return number
+
+
+def record_error(traj: Trajectory, name: str, error: Exception) -> str:
+    """Write a reward error into ``traj.info["reward_errors"][name]``; return its one-line message."""
+    last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    message = f"{type(error).__name__}: {error}" + (f" (in {last.name}, line {last.lineno})" if last else "")
+    traj.info = dict(traj.info or {})
+    traj.info.setdefault("reward_errors", {})[name] = message
+    return message
 
 
 @dataclass
@@ -274,6 +277,10 @@ class CombinedReward:
                 self.errors[name] += 1
             values.update(got)
             total += weight * sum(got.values())
+        if not math.isfinite(total):  # finite parts can still overflow: 1e308 * 2 = inf
+            self.errors[self.name] += 1
+            record_error(traj, self.name, OverflowError(f"weighted sum of {values} is {total}"))
+            total = 0.0
         traj.reward_parts = values
         traj.reward = total
         return total
@@ -289,7 +296,10 @@ class CombinedReward:
 
 
 def combine(weights: dict) -> CombinedReward:
-    """A weighted hybrid from ``{name_or_fn: weight}``, e.g. ``combine({"correct": 1.0, judge: 0.1})``."""
+    """A weighted hybrid from ``{name_or_fn: weight}``, e.g. ``combine({"correct": 1.0, judge: 0.1})``.
+
+    Taught in notebooks/04_reward.ipynb §3.
+    """
     if not weights:
         raise ValueError("combine needs at least one reward, e.g. combine({'correct': 1.0})")
     parts = {}
@@ -298,7 +308,10 @@ def combine(weights: dict) -> CombinedReward:
         name = key if isinstance(key, str) else reward_name(fn)
         if name in parts:
             raise ValueError(f"two rewards are both named {name!r}; give one a .name")
-        parts[name] = (fn, float(weight))
+        try:
+            parts[name] = (fn, as_number(weight))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the weight of reward {name!r} must be a finite number, got {weight!r}") from e
     return CombinedReward(parts)
 
 
@@ -317,6 +330,8 @@ def score_trajectories(trajs: list[Trajectory], reward) -> list[float]:
     ``reward`` is anything ``as_reward`` accepts. Batch-aware parts (a judge) are
     prepared with the whole batch first, so they can use a thread pool or judge a
     task's G samples side by side.
+
+    Taught in notebooks/04_reward.ipynb §3.
     """
     reward = as_reward(reward)
     reward.prepare(trajs)
@@ -324,54 +339,7 @@ def score_trajectories(trajs: list[Trajectory], reward) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. The same functions in TRL's reward_funcs signature
-# ----------------------------------------------------------------------------------------------
-
-_TRL_RESERVED = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
-
-
-def to_trl_reward_func(fn) -> Callable[..., list[float]]:
-    """Wrap a reward (name or function) for ``trl.GRPOTrainer(reward_funcs=[...])``.
-
-    TRL 1.16 calls ``f(prompts=..., completions=..., completion_ids=..., **columns)``
-    where each completion is a string (plain-text datasets) or a list of message dicts
-    (chat datasets; with tools, assistant messages carry ``tool_calls`` and tool
-    results are ``{"role": "tool"}`` messages), and every other dataset column comes
-    as a keyword list (GSM8K's ``answer``). Each row becomes a small Trajectory
-    (no env info, so ``correct`` falls back to ``check_answer`` against ``answer``).
-    The wrapper is named after the reward, so TRL logs ``rewards/<name>/mean``.
-    """
-    fn_ = get_reward(fn)
-    name = fn if isinstance(fn, str) else reward_name(fn_)
-
-    def trl_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
-        columns = {k: v for k, v in kwargs.items() if k not in _TRL_RESERVED}
-        out = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            row = {k: v[i] for k, v in columns.items()}
-            traj = trajectory_from_text(prompt, completion, row, completion_ids[i] if completion_ids else None, i)
-            out.append(sum(safe_call(fn_, name, traj)[0].values()))
-        return out
-
-    trl_reward.__name__ = name
-    return trl_reward
-
-
-def trajectory_from_text(prompt, completion, row: dict | None = None, token_ids=None, index: int = 0) -> Trajectory:
-    """A minimal Trajectory from a prompt and completion (strings or message lists), for TRL and tests."""
-    row = row or {}
-    prompt_msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    completion_msgs = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
-    token_ids = list(token_ids) if token_ids is not None else []
-    task = Task(id=str(row.get("id", f"row-{index}")), prompt=prompt_msgs, answer=row.get("answer"), metadata=row)
-    return Trajectory(
-        task=task, group=0, token_ids=token_ids, mask=[1] * len(token_ids), logprobs=[0.0] * len(token_ids), prompt_len=0,
-        turns=sum(m["role"] == "assistant" for m in completion_msgs), messages=prompt_msgs + completion_msgs,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# 5. Diagnostics: is there a learning signal, and why are answers wrong?
+# 4. Diagnostics: is there a learning signal, and why are answers wrong?
 # ----------------------------------------------------------------------------------------------
 
 REASONS = {  # verdict -> readable reason
@@ -390,6 +358,18 @@ def wrong_reason(traj: Trajectory) -> str:
     if verdict == "no_answer" and stop and stop != "answered":
         reason += f" (stopped by {stop})"
     return reason
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    """The unbiased (Bessel-corrected) standard deviation, as torch.std and TRL's ``reward_std``."""
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
 @dataclass
@@ -412,6 +392,17 @@ class RewardReport:
     @property
     def all_zero(self) -> bool:
         return all(r == 0 for r in self.rewards)
+
+    def metrics(self) -> dict[str, float]:
+        """The batch's reward figures under TRL's names (``reward``, ``reward_std``,
+        ``rewards/<part>/mean`` and ``/std``, ``frac_reward_zero_std``), plus ours:
+        ``all_zero_reward`` (1.0 when no sample earned anything) and ``reward_errors``."""
+        out = {"reward": _mean(self.rewards), "reward_std": _std(self.rewards)}
+        for name, values in self.parts.items():
+            out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = _mean(values), _std(values)
+        out.update(frac_reward_zero_std=self.flat_fraction, all_zero_reward=float(self.all_zero),
+                   reward_errors=float(len(self.errors)))
+        return out
 
     def __str__(self) -> str:
         lines = [f"{self.n} trajectories in {self.n_groups} groups"]
@@ -439,6 +430,8 @@ def reward_report(trajs: list[Trajectory], reward=None, n_examples: int = 2, tai
 
     ``reward`` (optional, anything ``as_reward`` accepts) re-scores the batch first;
     without it the trajectories' existing ``reward`` and ``reward_parts`` are used.
+
+    Taught in notebooks/04_reward.ipynb §7.
     """
     if not trajs:
         raise ValueError("reward_report needs at least one trajectory")
@@ -461,110 +454,3 @@ def reward_report(trajs: list[Trajectory], reward=None, n_examples: int = 2, tai
         if len(examples.setdefault(reason, [])) < n_examples:
             examples[reason].append(t.completion_text[-tail:])
     return RewardReport(len(trajs), parts, [t.reward for t in trajs], len(groups), flat, errors, reasons, examples)
-
-
-# ----------------------------------------------------------------------------------------------
-# 6. From rewards to advantages, and the interactive panel of notebook 04
-# ----------------------------------------------------------------------------------------------
-
-
-def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_groups: int | None = None) -> str:
-    """One line per group: its G rewards and the GRPO advantages they give (``helpers.grpo.group_advantages``).
-
-    A group whose rewards are all equal is marked ``(flat)``: its advantages are 0 and it
-    teaches nothing. Trajectories must already be scored.
-    """
-    import torch
-
-    from helpers.grpo import group_advantages, group_trajectories
-
-    groups = group_trajectories(trajs)[:max_groups]
-    rewards = torch.tensor([[t.reward for t in g] for g in groups])  # (B, G)
-    adv = group_advantages(rewards, scale_rewards)
-    width = max(len(g[0].task_id) for g in groups)
-    G = rewards.size(1)
-    lines = [f"{'task':<{width}}  {'rewards':<{6 * G}}  advantages ({scale_rewards})"]
-    for i, g in enumerate(groups):
-        r = " ".join(f"{x:5.2f}" for x in rewards[i].tolist())
-        a = " ".join(f"{x:+5.2f}" for x in adv.advantages[i].tolist())
-        lines.append(f"{g[0].task_id:<{width}}  {r}  {a}" + ("  (flat)" if adv.zero_spread[i] else ""))
-    return "\n".join(lines)
-
-
-def plot_reward_histogram(trajs: list[Trajectory], part: str = "total", ax=None, title: str = ""):
-    """Histogram of the total reward (``part="total"``) or of one logged part, over scored trajectories."""
-    import matplotlib.pyplot as plt
-
-    values = [t.reward if part == "total" else t.reward_parts.get(part, 0.0) for t in trajs]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3))
-    ax.hist(values, bins=20)
-    ax.set_title(title or f"reward histogram: {part}")
-    ax.set_xlabel(f"{part} reward")
-    ax.set_ylabel("trajectories")
-    return ax
-
-
-def widgets_frontend() -> bool:
-    """True when ipywidgets can be shown *and* a frontend will draw them.
-
-    A kernel run by nbval or ``nbconvert --execute`` has no frontend: widgets there would
-    print as ``VBox(...)``. We look for JupyterLab / Notebook (``JPY_SESSION_NAME``), Colab,
-    or VS Code; ``WORKBOOK_WIDGETS=1`` / ``0`` forces the answer.
-    """
-    import os
-    import sys
-
-    from helpers.live import in_notebook
-
-    if os.environ.get("WORKBOOK_WIDGETS") in ("0", "1"):
-        return os.environ["WORKBOOK_WIDGETS"] == "1"
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    frontend = "JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules or "VSCODE_PID" in os.environ
-    return in_notebook() and frontend
-
-
-def reward_panel(trajs: list[Trajectory], weights: dict[str, float], scale_rewards: str = "group", max_groups: int = 8):
-    """Sliders for the weights of ``weights`` and a dropdown of parts; re-scores ``trajs`` live.
-
-    Every change re-scores the trajectories with ``combine(weights)`` and redraws the
-    per-group advantage table and the reward histogram. Without a widget frontend (CI,
-    nbconvert) it prints the same table and histogram once, for the given weights.
-    Returns the panel widget, or None in the static case.
-    """
-    import matplotlib.pyplot as plt
-
-    def draw(current: dict[str, float], part: str) -> None:
-        score_trajectories(trajs, {k: w for k, w in current.items() if w != 0} or {"correct": 0.0})
-        shown = ", ".join(f"{w:g}*{k}" for k, w in current.items() if w != 0) or "0"
-        print(f"reward = {shown}\n")
-        print(advantage_table(trajs, scale_rewards, max_groups))
-        plot_reward_histogram(trajs, part, title=f"{part}: reward = {shown}")
-        plt.tight_layout()
-        plt.show()
-
-    if not widgets_frontend():
-        draw(dict(weights), "total")
-        return None
-
-    import ipywidgets as W
-    from IPython.display import display
-
-    sliders = {k: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=k, continuous_update=False) for k, w in weights.items()}
-    dropdown = W.Dropdown(options=["total", *weights], value="total", description="histogram")
-    out = W.Output()
-
-    def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            draw({k: s.value for k, s in sliders.items()}, dropdown.value)
-
-    for widget in [*sliders.values(), dropdown]:
-        widget.observe(redraw, names="value")
-    panel = W.VBox([W.HBox([W.VBox(list(sliders.values())), dropdown]), out])
-    display(panel)
-    redraw()
-    return panel

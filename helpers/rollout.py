@@ -45,8 +45,9 @@ When an episode ends (``stop_reason``):
   episode would exceed ``max_total_tokens`` (a turn's budget is the smaller of
   ``max_new_tokens`` and what is left of ``max_total_tokens``). A turn cut mid-text is
   not a finished action, so it is *not* passed to the env (an answer in it does not
-  count); the episode ends with ``env.truncate("max_tokens")``, reward 0, and the
-  trainer can tell such clipped episodes apart (TRL's ``mask_truncated_completions``);
+  count); the episode ends with ``env.truncate("max_tokens")``, reward 0; with
+  ``TrainConfig.mask_truncated_completions`` (TRL's option of that name) the trainer leaves
+  such cut-off episodes out of the loss instead of treating them as wrong answers;
 * ``timeout``: one env step took longer than ``step_timeout``, or the episode has run
   longer than ``episode_timeout`` seconds.
 
@@ -67,7 +68,6 @@ Simplifications, named:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -75,7 +75,8 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from helpers.data import Task
+from helpers.data import Task, read_jsonl, write_jsonl
+from helpers.formats import parse_tool_calls
 from helpers.policy.base import Generation, Policy, SamplingParams
 
 
@@ -93,6 +94,8 @@ class Trajectory:
     stop_reason:  answered / max_steps / timeout / max_tokens / error
     info:         the env's info from the last step (verdict, predicted answer, error counts)
     messages:     the decoded conversation, for display
+
+    Taught in notebooks/03_rollout.ipynb §4.
     """
 
     task: Task
@@ -124,6 +127,16 @@ class Trajectory:
         """Tokens the policy wrote (mask == 1)."""
         return sum(self.mask)
 
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls in this episode: the env's count when it kept one, else counted in the
+        assistant messages (our ``<tool_call>`` text and the ``tool_calls`` field TRL puts on
+        parsed messages, for trajectories rebuilt from TRL completions)."""
+        if "tool_calls" in (self.info or {}):
+            return int(self.info["tool_calls"])
+        return sum(len(parse_tool_calls(m.get("content") or "")) + len(m.get("tool_calls") or [])
+                   for m in self.messages if m["role"] == "assistant")
+
 
 @dataclass
 class RolloutStats:
@@ -147,9 +160,6 @@ class RolloutStats:
     @property
     def episodes_per_s(self) -> float:
         return self.episodes / max(self.total_s, 1e-9)
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s, "episodes_per_s": self.episodes_per_s}
 
 
 class Rollout(list):
@@ -266,6 +276,8 @@ def rollout(
     max_steps:        assistant turns per episode at most (guard; the env may stop earlier)
     max_total_tokens: prompt + all turns + all observations, per episode (never exceeded)
     episode_timeout:  seconds of wall clock per episode; step_timeout: seconds per env step
+
+    Taught in notebooks/03_rollout.ipynb §3.
     """
     if group_size < 1 or max_steps < 1:
         raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
@@ -415,25 +427,20 @@ def _append_turn(ep: _Episode, gen: Generation, budget: int, tokenizer, stats: R
 
 def save_trajectories(path: str | Path, trajectories: list[Trajectory]) -> None:
     """Write one JSON object per line (the Task nested as a dict). Non-JSON values in
-    ``info`` (a Fraction, say) are written as their ``str``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for traj in trajectories:
-            f.write(json.dumps(asdict(traj), default=str) + "\n")
+    ``info`` (a Fraction, say) are written as their ``str``.
+
+    Taught in notebooks/03_rollout.ipynb §6.
+    """
+    write_jsonl(path, [asdict(traj) for traj in trajectories])
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
     """Read trajectories written by ``save_trajectories``."""
     trajectories = []
-    with Path(path).open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                row["task"] = Task(**row["task"])
-                trajectories.append(Trajectory(**row))
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{line_no}: not a saved Trajectory ({error})") from None
+    for line_no, row in read_jsonl(path):
+        try:
+            row["task"] = Task(**row["task"])
+            trajectories.append(Trajectory(**row))
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{line_no}: not a saved Trajectory ({error})") from None
     return trajectories

@@ -104,6 +104,8 @@ def train_sft(
 
     Every trainable parameter is updated: pass a peft model (``get_peft_model``) to
     train a LoRA adapter only. One step = ``grad_accum`` micro-batches of ``batch_size``.
+
+    Taught in notebooks/05_trainer.ipynb §1.
     """
     if not examples:
         raise ValueError("no examples to train on")

@@ -1,4 +1,4 @@
-"""The tiny world (小世界): arithmetic tasks, a small tokenizer and a ~0.6M-parameter Qwen2.
+"""The tiny world (小世界): arithmetic tasks, a small tokenizer and a tiny Qwen2 (``MODEL_SHAPE``).
 
 Everything here runs on a laptop CPU and needs no model hub:
 
@@ -39,7 +39,7 @@ import json
 import random
 from pathlib import Path
 
-from helpers.data import Task
+from helpers.data import Task, register_dataset
 from helpers.paths import TINY_DIR
 
 # --- tokenizer -----------------------------------------------------------------------------
@@ -142,7 +142,7 @@ TINY_SYSTEM = "A calculator tool is available. Answer as <answer>N</answer>."
 SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems in each split
 
 # One kind of problem, a two-digit by two-digit product with a four-digit answer (32..99
-# squared is 1024..9801): too hard for a ~0.6M-parameter model in its head, but only
+# squared is 1024..9801): too hard for the tiny model to compute in its head, but only
 # copying for the calculator. Every question has the same length in tokens, so the
 # digits to copy always sit at the same distance back: the easiest copy a small
 # transformer can learn (a fixed-offset attention head), which keeps the SFT short.
@@ -186,6 +186,13 @@ def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     return tasks
 
 
+@register_dataset("tiny")
+def tiny_dataset(split: str, n: int | None, seed: int) -> list[Task]:
+    """The dataset registry's view of the one-call world (``config.dataset = "tiny"``):
+    ``n`` tasks of ``split`` (None: 2,000 for train, 64 otherwise)."""
+    return make_tiny_tasks(n if n is not None else (2000 if split == "train" else 64), seed=seed, split=split)
+
+
 def calculator_tools() -> list[dict]:
     """The calculator's JSON schema, from the environment that runs it."""
     from helpers.envs.calculator import CalculatorEnv
@@ -210,7 +217,9 @@ def demonstration(task: Task, use_tool: bool) -> list[dict]:
 
 # --- model ---------------------------------------------------------------------------------
 
-MODEL_SHAPE = dict(  # ~0.6M parameters; the embedding is tied to the output layer
+# 803,840 parameters with the shipped 371-token vocabulary (data/tiny/baseline.json counts them);
+# the embedding is tied to the output layer.
+MODEL_SHAPE = dict(
     hidden_size=128,
     intermediate_size=320,
     num_hidden_layers=4,  # the shipped checkpoint has 4 layers (a 3-layer rebuild copied digits far less reliably)
@@ -279,7 +288,7 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny b
     tool_fraction=0.5,  # share of demonstrations that call the calculator; the rest answer "in the head"
     steps=900,  # SFT optimizer steps; copying the digits "clicks" around step 450-500
     batch_size=16,
-    lr=3e-3,  # high for a transformer, fine for ~0.8M parameters trained from scratch
+    lr=3e-3,  # high for a transformer, fine for a model this small trained from scratch
     decay_fraction=0.3,  # linear decay over the last 30% of steps (train_sft's default when the shipped checkpoint was built)
     eval_tasks=400,  # held-out (validation) tasks for the baseline
 )

@@ -1,7 +1,8 @@
-"""Trajectory viewer (采样模块): the mask made visible, in a notebook.
+"""Pictures of trajectories and rewards, for notebooks: the mask made visible, the reward panel.
 
     show_trajectory(traj, tokenizer)     # one episode, every token coloured by who wrote it
     show_group(trajs, tokenizer)         # the G samples of a task: a summary table + each episode
+    reward_panel(trajs, {"correct": 1.0, "format": 0.1})   # sliders: re-weight, re-score, see the advantages
 
 Colours: green = written by the policy (mask 1, trained on), blue = env / tool
 tokens (mask 0), grey = the prompt (mask 0). Hover a token to see its id and its
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import html
 
+from helpers.grpo import advantage_table
+from helpers.rewards import score_trajectories
 from helpers.rollout import Trajectory
 
 COLOURS = {"policy": "#c8f0c8", "env": "#cfe3ff", "prompt": "#eeeeee"}
@@ -43,7 +46,10 @@ def _legend() -> str:
 
 
 def trajectory_html(traj: Trajectory, tokenizer, legend: bool = True) -> str:
-    """One trajectory as HTML: a header line, then every token coloured by its mask."""
+    """One trajectory as HTML: a header line, then every token coloured by its mask.
+
+    Taught in notebooks/03_rollout.ipynb §4.
+    """
     spans = []
     for i, (token, m, lp) in enumerate(zip(traj.token_ids, traj.mask, traj.logprobs)):
         who = "policy" if m else ("prompt" if i < traj.prompt_len else "env")
@@ -95,3 +101,87 @@ def show_group(trajs: list[Trajectory], tokenizer=None):
     from IPython.display import HTML
 
     return HTML(group_html(trajs, tokenizer))
+
+
+# --- rewards: histogram and the interactive panel of notebook 04 ------------------------------
+
+
+def plot_reward_histogram(trajs: list[Trajectory], part: str = "total", ax=None, title: str = ""):
+    """Histogram of the total reward (``part="total"``) or of one logged part, over scored trajectories."""
+    import matplotlib.pyplot as plt
+
+    values = [t.reward if part == "total" else t.reward_parts.get(part, 0.0) for t in trajs]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3))
+    ax.hist(values, bins=20)
+    ax.set_title(title or f"reward histogram: {part}")
+    ax.set_xlabel(f"{part} reward")
+    ax.set_ylabel("trajectories")
+    return ax
+
+
+def widgets_frontend() -> bool:
+    """True when ipywidgets can be shown *and* a frontend will draw them.
+
+    A kernel run by nbval or ``nbconvert --execute`` has no frontend: widgets there would
+    print as ``VBox(...)``. We look for JupyterLab / Notebook (``JPY_SESSION_NAME``), Colab,
+    or VS Code; ``WORKBOOK_WIDGETS=1`` / ``0`` forces the answer.
+    """
+    import os
+    import sys
+
+    from helpers.live import in_notebook
+
+    if os.environ.get("WORKBOOK_WIDGETS") in ("0", "1"):
+        return os.environ["WORKBOOK_WIDGETS"] == "1"
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    frontend = "JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules or "VSCODE_PID" in os.environ
+    return in_notebook() and frontend
+
+
+def reward_panel(trajs: list[Trajectory], weights: dict[str, float], scale_rewards: str = "group", max_groups: int = 8):
+    """Sliders for the weights of ``weights`` and a dropdown of parts; re-scores ``trajs`` live.
+
+    Every change re-scores the trajectories with ``combine(weights)`` and redraws the
+    per-group advantage table and the reward histogram. Without a widget frontend (CI,
+    nbconvert) it prints the same table and histogram once, for the given weights.
+    Returns the panel widget, or None in the static case.
+
+    Taught in notebooks/04_reward.ipynb §9.
+    """
+    import matplotlib.pyplot as plt
+
+    def draw(current: dict[str, float], part: str) -> None:
+        score_trajectories(trajs, {k: w for k, w in current.items() if w != 0} or {"correct": 0.0})
+        shown = ", ".join(f"{w:g}*{k}" for k, w in current.items() if w != 0) or "0"
+        print(f"reward = {shown}\n")
+        print(advantage_table(trajs, scale_rewards, max_groups))
+        plot_reward_histogram(trajs, part, title=f"{part}: reward = {shown}")
+        plt.tight_layout()
+        plt.show()
+
+    if not widgets_frontend():
+        draw(dict(weights), "total")
+        return None
+
+    import ipywidgets as W
+    from IPython.display import display
+
+    sliders = {k: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=k, continuous_update=False) for k, w in weights.items()}
+    dropdown = W.Dropdown(options=["total", *weights], value="total", description="histogram")
+    out = W.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            draw({k: s.value for k, s in sliders.items()}, dropdown.value)
+
+    for widget in [*sliders.values(), dropdown]:
+        widget.observe(redraw, names="value")
+    panel = W.VBox([W.HBox([W.VBox(list(sliders.values())), dropdown]), out])
+    display(panel)
+    redraw()
+    return panel

@@ -1,14 +1,17 @@
 """The environments: contract (check_env), scripted episodes, limits, registry."""
 
+import json
 import os
 import time
 
 import pytest
 
 from helpers.data import Task
+from helpers.data import DatasetError
 from helpers.envs import (
     INFO_KEYS,
     STOP_REASONS,
+    TRUNCATED,
     CalculatorEnv,
     CodeEnv,
     Env,
@@ -18,15 +21,19 @@ from helpers.envs import (
     StepResult,
     Tool,
     check_env,
+    clip_observation,
     extract_code,
-    judge_answer,
     list_envs,
     load_code_tasks,
     make_env,
+    parse_test,
     register_env,
+    run_tests,
 )
-from helpers.formats import format_tool_call
-from helpers.sandbox import Limits
+from helpers.envs.code_env import CODE_TASKS as CODE_TASKS_PATH
+from helpers.envs.code_env import code_task
+from helpers.formats import format_tool_call, judge_answer
+from helpers.sandbox import Limits, SandboxUnavailable, os_isolation
 
 
 def arithmetic_task(expression: str, answer: str, i: int = 0) -> Task:
@@ -284,17 +291,98 @@ def test_registry():
 
 def test_stop_reasons_are_the_documented_ones():
     assert STOP_REASONS == ("answered", "max_steps", "timeout", "max_tokens", "error")
+    assert set(TRUNCATED) <= set(STOP_REASONS) and "answered" not in TRUNCATED and "error" not in TRUNCATED
+
+
+# --- the template step() ----------------------------------------------------------------------------
+
+
+class CountdownEnv(Env):
+    """Only _step: the base class's step() does the protocol check, the counting and str(action)."""
+
+    info_defaults = {"seen": []}
+
+    def __init__(self, max_steps: int = 3):
+        super().__init__(max_steps=max_steps)
+
+    def _step(self, text):
+        self.info["seen"].append(text)
+        if self.steps >= self.max_steps:
+            return self._end("max_steps")
+        return StepResult([{"role": "user", "content": clip_observation(text * 100, 20)}], 0.0, False, False, dict(self.info))
+
+
+def test_a_subclass_writes_only_step():
+    env = CountdownEnv()
+    with pytest.raises(EnvError, match="before reset"):
+        env.step("x")
+    assert env.reset(TASKS[0]) == TASKS[0].prompt
+    first = env.step(12)  # not a string: coerced once, in Env.step
+    assert env.steps == 1 and first.info["seen"] == ["12"]
+    assert first.observation[0]["content"] == "1212121212121212121212" [:20] + "\n... [truncated: 180 more characters]"
+    env.step("a")
+    assert env.step("b").info["stop_reason"] == "max_steps"
+    with pytest.raises(EnvError, match="after the episode ended"):
+        env.step("c")
+    env.reset(TASKS[0])
+    assert env.info["seen"] == [] and env.steps == 0  # defaults are copied, never shared between episodes
+    assert check_env(CountdownEnv(), TASKS, n_random=5) == []
+
+
+def test_answer_envs_start_with_strict_format_false():
+    for name in ("math", "calculator"):
+        env = make_env(name)
+        assert env.info["strict_format"] is False
+        env.reset(TASKS[0])
+        assert env.info["strict_format"] is False
+
+
+# --- model output that broke step() (issue 15) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "turn, error",
+    [
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": ' + "9" * 5000 + "}}</tool_call>", "a number with too many digits"),
+        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "nested too deeply"),
+        (format_tool_call("calculator", {"expression": "1+1\x00\x1b[2J"}), "error: not an arithmetic expression"),  # control bytes
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "1\x00"}}</tool_call>', "error: malformed JSON"),  # raw ones
+    ],
+)
+def test_hostile_tool_calls_become_error_observations(turn, error):
+    env = make_env("calculator")
+    env.reset(TASKS[0])
+    result = env.step(turn)
+    (message,) = result.observation
+    assert error in message["content"] and result.info["tool_errors"] == 1 and not result.done
+
+
+def test_megabytes_of_unclosed_tags_are_answered_fast():
+    for turn in ["<tool_call>" * 100_000, "<answer>" * 100_000, "```python\n" * 100_000, "\\boxed{" * 100_000]:
+        for name in ("math", "calculator"):
+            env = make_env(name)
+            env.reset(TASKS[0])
+            start = time.perf_counter()
+            result = env.step(turn)
+            assert time.perf_counter() - start < 1.0, (name, turn[:12])
+            assert result.done and result.info["verdict"] in ("no_answer", "wrong_answer"), result.info
 
 
 # --- CodeEnv -------------------------------------------------------------------------------------
 
 CODE_TASKS = load_code_tasks()
 ADD = next(t for t in CODE_TASKS if t.metadata["entry_point"] == "add")
+UNSAFE = not os_isolation()  # where bwrap cannot run, the CodeEnv tests run on the unsafe layers (they warn)
+needs_boundary = pytest.mark.skipif(UNSAFE, reason="no OS boundary (bwrap) here: the tests and task file would be readable")
+
+
+def code_env(**kwargs):
+    return make_env("code", allow_unsafe=UNSAFE, **kwargs)
 
 
 def test_code_tasks_file_is_sound():
     assert len(CODE_TASKS) >= 20 and len({t.id for t in CODE_TASKS}) == len(CODE_TASKS)
-    env = CodeEnv()
+    env = code_env()
     for task in CODE_TASKS:  # each reference solution passes every assert; a stub passes none
         assert task.metadata["signature"] in task.prompt[-1]["content"] and task.metadata["solution"] not in task.prompt[-1]["content"]
         env.reset(task)
@@ -306,7 +394,7 @@ def test_code_tasks_file_is_sound():
 
 
 def test_check_env_passes_on_code_env():
-    assert check_env(make_env("code"), CODE_TASKS[:2], n_random=6, solver=lambda t: [t.metadata["solution"]]) == []
+    assert check_env(code_env(), CODE_TASKS[:2], n_random=6, solver=lambda t: [t.metadata["solution"]]) == []
 
 
 def test_extract_code():
@@ -326,7 +414,7 @@ def test_extract_code():
     ],
 )
 def test_code_env_scripted(code, reward, verdict):
-    env = make_env("code")
+    env = code_env()
     env.reset(ADD)
     result = env.step(f"```python\n{code}\n```" if code else "")
     assert (result.reward, result.info["verdict"], result.info["stop_reason"], result.terminated) == (reward, verdict, "answered", True)
@@ -344,7 +432,7 @@ HOSTILE = [  # (name, code, verdict, text that must be in info["error"] or the f
 
 @pytest.mark.parametrize("name, code, verdict, reason", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_code_is_contained(name, code, verdict, reason):
-    env = make_env("code", test_seconds=1.0, limits=Limits(wall_seconds=4, cpu_seconds=3))
+    env = code_env(test_seconds=1.0, limits=Limits(wall_seconds=4, cpu_seconds=3))
     env.reset(ADD)
     start = time.monotonic()
     result = env.step(f"```python\n{code}\n```")
@@ -356,14 +444,14 @@ def test_hostile_code_is_contained(name, code, verdict, reason):
 
 def test_code_env_cannot_read_our_environment(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "secret-key")
-    env = make_env("code")
+    env = code_env()
     env.reset(ADD)
     code = "import os\ndef add(a, b):\n    assert 'WANDB_API_KEY' not in os.environ\n    return a + b"
     assert env.step(code).reward == 1.0
 
 
 def test_a_hanging_test_costs_only_its_own_credit():
-    env = make_env("code", test_seconds=0.3)
+    env = code_env(test_seconds=0.3)
     env.reset(ADD)
     result = env.step("def add(a, b):\n    while a == 1:\n        pass\n    return a + b")  # hangs on add(1, 2) only
     assert result.reward == 0.75 and result.info["verdict"] == "tests_failed"
@@ -371,7 +459,7 @@ def test_a_hanging_test_costs_only_its_own_credit():
 
 
 def test_code_env_multi_turn_feedback():
-    env = make_env("code", max_steps=2)
+    env = code_env(max_steps=2)
     env.reset(ADD)
     first = env.step("def add(a, b):\n    return a - b")
     assert not first.done and first.reward == 0.0
@@ -379,3 +467,86 @@ def test_code_env_multi_turn_feedback():
     assert feedback["role"] == "user" and "tests passed" in feedback["content"] and "assert add(1, 2) == 3" in feedback["content"]
     second = env.step("def add(a, b):\n    return a + b")
     assert second.done and second.reward == 1.0 and env.steps == 2
+
+
+# --- reward integrity: the solution cannot judge itself (issue 15) ---------------------------------------
+
+
+FORGE = """
+import json, os, sys
+frame = sys._getframe(1)  # the harness's frame: its token and calls
+token, calls = frame.f_globals["token"], frame.f_globals["calls"]
+os.write(1, ("\\n" + token + json.dumps([[True, "true"]] * len(calls)) + "\\n").encode())  # "all passed"
+os._exit(0)
+"""
+ALWAYS_EQUAL = """
+class Anything(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+class Whatever:
+    def __eq__(self, other):
+        return True
+def add(a, b):
+    return Whatever() if a > 0 else Anything(-1)
+"""
+PEEK = f"""
+import os, re, sys
+def find_tests():
+    for path in ["tests.json", "../tests.json", {str(CODE_TASKS_PATH)!r}]:  # where the tests were, or are, on disk
+        try:
+            return open(path).read()
+        except OSError:
+            pass
+    return repr(sys._getframe(1).f_globals)  # the harness's variables
+KNOWN = dict(re.findall(r"add\\((-?\\d+, -?\\d+)\\) == (-?\\d+)", find_tests()))
+def add(a, b):
+    return int(KNOWN.get(f"{{a}}, {{b}}", -1))
+"""
+
+
+@needs_boundary
+@pytest.mark.parametrize("name, code", [("forged report", FORGE), ("always-equal objects", ALWAYS_EQUAL), ("peeking at the tests", PEEK)])
+def test_cheating_earns_nothing(name, code):
+    env = code_env()
+    env.reset(ADD)
+    result = env.step(f"```python\n{code}\n```")
+    assert result.reward == 0.0 and not result.info["correct"], (name, result.info)
+
+
+def test_values_are_compared_after_a_json_round_trip():
+    tests = ["assert f(1) == [1, 2]", "assert f(2) is None", "assert f(3) == {'a': 1}", "assert f(4) == 2"]
+    code = "def f(x):\n    return {1: (1, 2), 2: None, 3: {'a': True}, 4: 2.0}[x]"
+    report = run_tests(code, tests, allow_unsafe=UNSAFE)
+    assert report["passed"] == 4, report  # a tuple is a list in JSON; True == 1 and 2.0 == 2, as in Python
+    report = run_tests("def f(x):\n    return {1, 2}", tests[:1], allow_unsafe=UNSAFE)
+    assert report["results"] == [[False, "returned a set, not plain data (None, bool, int, float, str, list, dict)"]]
+
+
+def test_code_task_rows_are_validated(tmp_path):
+    row = {"id": "x", "entry_point": "add", "signature": "def add(a, b):", "description": "Add.", "tests": "assert add(1, 2) == 3"}
+    with pytest.raises(DatasetError, match=r"tasks.jsonl, row 7: 'tests' must be a non-empty list of assert strings, got str"):
+        code_task(row, "tasks.jsonl, row 7")
+    for bad, why in [("assert add(1, 2)", "a test must read"), ("assert add(x, 2) == 3", "must be literals"),
+                     ("assert sub(1, 2) == -1", "not the entry point 'add'"), ("assert add(1, 2) is 3", "'is' compares with")]:
+        with pytest.raises(DatasetError, match=why):
+            code_task({**row, "tests": [bad]}, "tasks.jsonl, row 7")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({**row, "tests": ["assert add(1, 2) == 3"]}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match=rf"{path}, row 2: 'tests'"):
+        load_code_tasks(path)
+
+
+def test_parse_test():
+    test = parse_test("assert rotate_list([1, 2, 3], 5) == [2, 3, 1]")
+    assert (test.function, test.arguments, test.op, test.expected) == ("rotate_list", ("[1, 2, 3]", "5"), "==", [2, 3, 1])
+    assert parse_test("assert is_even(7) is False").judge(False) and not parse_test("assert is_even(7) is False").judge(0)
+
+
+def test_code_env_without_a_boundary_needs_allow_unsafe(monkeypatch):
+    from helpers import sandbox
+
+    monkeypatch.setattr(sandbox, "_boundary_problem", lambda python: "bwrap is not installed (test)")
+    with pytest.raises(SandboxUnavailable, match="allow_unsafe=True"):
+        make_env("code")
+    assert isinstance(make_env("code", allow_unsafe=True), CodeEnv)

@@ -30,7 +30,7 @@ def run(tokenizer, replies, tasks, **kw):
 def test_direct_correct_answer(tokenizer):
     result = run(tokenizer, ["<answer>4042</answer>"], [task(0), task(1)])
     m = result.metrics
-    assert (m["success"], m["tool_use"], m["mean_turns"], m["truncated"], m["n"]) == (1.0, 0.0, 1.0, 0.0, 2)
+    assert (m["success"], m["tool_calls"], m["turns"], m["completions/clipped_ratio"], m["n"]) == (1.0, 0.0, 1.0, 0.0, 2)
     assert breakdown(result.records) == {"correct": 2}
     assert result.records[0]["predicted"] == "4042" and result.records[0]["stop_reason"] == "answered"
 
@@ -38,7 +38,7 @@ def test_direct_correct_answer(tokenizer):
 def test_tool_then_answer_counts_tool_use_and_turns(tokenizer):
     result = run(tokenizer, [CALL, "<answer>4042</answer>"], [task(0)], k=2)
     m = result.metrics
-    assert (m["success"], m["tool_use"], m["mean_turns"], m["pass@2"]) == (1.0, 1.0, 2.0, 1.0)
+    assert (m["success"], m["tool_calls"], m["turns"], m["pass@2"], m["pass@1"]) == (1.0, 1.0, 2.0, 1.0, 1.0)
     assert result.records[0]["tool_calls"] == 1 and result.records[0]["correct_of_2"] == 2
 
 
@@ -53,7 +53,7 @@ def test_half_right_and_the_breakdown_of_failures(tokenizer):
 
 def test_looping_agent_is_truncated(tokenizer):
     result = run(tokenizer, [CALL], [task(0)])  # calls the tool forever
-    assert result.metrics["truncated"] == 1.0 and result.metrics["success"] == 0.0
+    assert result.metrics["completions/clipped_ratio"] == 1.0 and result.metrics["success"] == 0.0
     assert result.records[0]["stop_reason"] == "max_steps" and result.records[0]["turns"] == 3
     assert breakdown(result.records) == {"truncated": 1}
 
@@ -70,3 +70,52 @@ def test_pass_at_k():
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
     with pytest.raises(ValueError):
         pass_at_k(4, 5, 2)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_command_line_evaluates_a_saved_adapter_like_the_trainer_does(tmp_path, capsys):
+    """`python -m helpers.evaluate --adapter DIR` prints one JSON line that matches evaluating
+    the same adapter in-process on the same tasks."""
+    import copy
+    import json
+
+    import torch
+
+    from helpers.config import get_preset
+    from helpers.data import load_dataset
+    from helpers.envs import make_env
+    from helpers.evaluate import main
+    from helpers.grpo import LoRAGRPO
+    from helpers.policy import HFPolicy
+    from helpers.tiny import load_tiny
+
+    model, tokenizer = load_tiny()
+    torch.manual_seed(0)
+    trainer = LoRAGRPO(copy.deepcopy(model), get_preset("tiny-cpu"))
+    with torch.no_grad():  # a moved adapter, so the check can tell it apart from the base model
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    trainer.model.eval()
+    checkpoint = trainer.save_checkpoint(tmp_path / "checkpoint-1")
+
+    line = main(["--preset", "tiny-cpu", "--adapter", str(checkpoint), "--n", "6", "--seed", "1234", "--k", "2"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == json.loads(json.dumps(line))
+    assert {"success", "pass@2", "pass@1", "tool_calls", "turns", "failures", "n"} <= set(printed) and printed["n"] == 6
+
+    config = get_preset("tiny-cpu")
+    tasks = load_dataset("tiny", "test", 6, seed=1234)
+    direct = evaluate(HFPolicy(trainer.model, tokenizer), tasks, lambda: make_env(config.env, max_steps=config.env_max_steps),
+                      k=2, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+                      max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens, seed=1234)
+    assert {k: printed[k] for k in direct.metrics} == direct.metrics
+
+
+def test_command_line_refuses_a_folder_without_an_adapter(tmp_path):
+    from helpers.evaluate import main
+
+    with pytest.raises(SystemExit):
+        main(["--preset", "tiny-cpu", "--adapter", str(tmp_path), "--n", "2"])

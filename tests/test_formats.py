@@ -1,16 +1,21 @@
 """Tests for helpers.formats: number parsing, answer extraction, tool-call parsing."""
 
 import json
+import time
 from fractions import Fraction
 
 import pytest
 
 from helpers.formats import (
     ANSWER_INSTRUCTION,
+    MAX_NUMBER_CHARS,
     answers_match,
+    between,
+    code_blocks,
     extract_answer,
     format_number,
     format_tool_call,
+    judge_answer,
     parse_tool_calls,
     to_number,
 )
@@ -121,3 +126,53 @@ def test_parse_tool_calls_never_raises():
     assert calls[2].name == "calculator" and calls[2].arguments is None
     assert calls[3].arguments == {"expression": "1+1"}  # double-encoded arguments are decoded
     assert parse_tool_calls("no calls") == []
+
+
+# --- any text, in linear time (issue 15) --------------------------------------------------------------
+
+
+def test_between_pairs_each_open_tag_with_the_nearest_close():
+    assert between("a<x>1</x>b<x>2</x><x>3", "<x>", "</x>") == ["1", "2"]
+    assert between("<x><x>1</x>", "<x>", "</x>") == ["<x>1"]  # as the old non-greedy regex did
+    assert between("no tags", "<x>", "</x>") == []
+
+
+def test_code_blocks():
+    assert code_blocks("```python\na = 1\n```\ntext\n```\nb = 2\n```") == ["a = 1\n", "b = 2\n"]
+    assert code_blocks("```js\nx\n``` and ```py\ny\n```") == ["y\n"]  # fences that open no Python block are skipped
+    assert code_blocks("```python\nunclosed") == []
+
+
+@pytest.mark.parametrize("tag", ["<tool_call>", "<answer>", "```python\n", "\\boxed{", "1,", "####"])
+def test_parsing_unclosed_tags_is_linear(tag):
+    """8,000 unclosed <tool_call> tags took 4 s with the old regex (quadratic); 80,000 now take milliseconds."""
+    for n in (8_000, 80_000):
+        text = tag * n
+        start = time.perf_counter()
+        parse_tool_calls(text)
+        extract_answer(text)
+        code_blocks(text)
+        assert time.perf_counter() - start < (0.5 if n == 8_000 else 2.0), (tag, n)
+
+
+def test_hostile_tool_call_json_becomes_an_error():
+    huge = '{"name": "calculator", "arguments": {"expression": ' + "9" * 5000 + "}}"
+    deep = "[" * 100_000 + "]" * 100_000
+    for raw, why in [(huge, "a number with too many digits"), (deep, "nested too deeply"), ('{"name": "c", "arguments": "\x00"}', "malformed JSON")]:
+        (call,) = parse_tool_calls(f"<tool_call>{raw}</tool_call>")
+        assert call.error.startswith("malformed JSON in tool call") and why in call.error, call.error
+    (call,) = parse_tool_calls('<tool_call>{"name": "c", "arguments": "' + "[" * 5000 + '"}</tool_call>')
+    assert call.error == "tool call arguments must be a JSON object"  # a double-encoded string that is not JSON either
+
+
+def test_numbers_too_long_to_compare_are_not_numbers():
+    assert to_number("9" * MAX_NUMBER_CHARS) is not None
+    assert to_number("9" * 5000) is None
+    assert judge_answer("<answer>" + "9" * 5000 + "</answer>", "42")["verdict"] == "wrong_answer"
+
+
+def test_judge_answer_lives_here_only():
+    import helpers.envs
+
+    assert judge_answer("<answer>4042</answer>", "4042")["correct"]
+    assert not hasattr(helpers.envs, "judge_answer")  # one home: helpers.formats

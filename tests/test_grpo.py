@@ -8,7 +8,7 @@ import torch
 
 from helpers.config import TrainConfig
 from helpers.data import Task
-from helpers.grpo import LoRAGRPO, collate, group_advantages, grpo_loss, token_logprobs
+from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards, grpo_loss, token_logprobs
 from helpers.rollout import Trajectory
 
 
@@ -33,12 +33,17 @@ def fake_trajectories(trainer, n_tasks=2, G=4, generator=None, rewards=None):
             reward = float(torch.randint(0, 2, (), generator=generator)) if rewards is None else rewards[b][g]
             out.append(Trajectory(task=task, group=g, token_ids=ids, mask=[0] * 6 + [1] * n, logprobs=[0.0] * len(ids),
                                   prompt_len=6, reward=reward))
-    batch = collate(out)
+    batch = batch_of(out)
     with torch.no_grad():
         old = trainer.logprobs(batch.input_ids, batch.mask)  # (N, T): the policy "sampled" these tokens
     for n, t in enumerate(out):
         t.logprobs = old[n, : len(t.token_ids)].tolist()
     return out
+
+
+def batch_of(trajs, **options):
+    """The loop's two lines: group advantages, then the padded batch."""
+    return collate(trajs, group_advantages(group_rewards(trajs)), **options)
 
 
 # --- advantages ---------------------------------------------------------------------------
@@ -109,7 +114,8 @@ def test_grpo_loss_by_hand():
     assert loss.item() == pytest.approx((-1.28 - 0.5 + 2) / 3, abs=1e-6)
     loss, _ = grpo_loss(logps, old, adv, mask, loss_type="dr_grpo", max_completion_length=5, **kw)
     assert loss.item() == pytest.approx((-1.28 - 0.5 + 2) / (2 * 5), abs=1e-6)
-    assert m["clip_high"] == pytest.approx(1 / 3) and m["clip_low"] == 0.0
+    assert m["clip_ratio/high_mean"] == pytest.approx(1 / 3) and m["clip_ratio/low_mean"] == 0.0
+    assert m["clip_ratio/region_mean"] == pytest.approx(1 / 3)
     assert m["ratio_max"] == pytest.approx(1.5) and m["ratio_min"] == pytest.approx(0.5)
 
 
@@ -152,7 +158,7 @@ def test_reference_is_the_base_model(tiny):
     trajs = fake_trajectories(trainer, generator=torch.Generator().manual_seed(1))
     for _ in range(2):
         trainer.train_step(trajs)
-    batch = collate(trajs)
+    batch = batch_of(trajs)
     with torch.no_grad():
         base, _ = token_logprobs(model, batch.input_ids, batch.mask)
     ref = trainer.logprobs(batch.input_ids, batch.mask, reference=True)
@@ -197,13 +203,30 @@ def test_non_finite_step_is_skipped(tiny):
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
 
 
-def test_zero_spread_groups(tiny):
+def test_zero_spread_groups_are_skipped_when_the_config_says_so(tiny):
+    """LoRAGRPO(model, config) reads skip_zero_spread from the config (it once needed a separate argument)."""
     model, _ = tiny
-    trainer = LoRAGRPO(copy.deepcopy(model), config(), skip_zero_spread=True)
-    trajs = fake_trajectories(trainer, generator=torch.Generator().manual_seed(5), rewards=[[1, 1, 1, 1], [0, 1, 0, 0]])
-    assert len(collate(trajs, skip_zero_spread=True)) == 4  # the all-ones group is dropped before any forward
-    metrics = trainer.train_step(trajs)
-    assert metrics["frac_zero_spread"] == 0.5 and metrics["skipped_steps"] == 0
+    rewards = [[1, 1, 1, 1], [0, 1, 0, 0]]
+    tokens = {}
+    for skip in (False, True):
+        trainer = LoRAGRPO(copy.deepcopy(model), config(skip_zero_spread=skip))
+        trajs = fake_trajectories(trainer, generator=torch.Generator().manual_seed(5), rewards=rewards)
+        tokens[skip] = trainer.train_step(trajs)["tokens"]
+        assert trainer.optimizer_steps == 1
+    kept = sum(t.num_generated for t in trajs if t.task_id == "task-1")  # the group with a spread
+    assert len(batch_of(trajs, skip_zero_spread=True)) == 4  # the all-ones group is dropped before any forward
+    assert tokens[True] == kept and tokens[False] == sum(t.num_generated for t in trajs)
+
+
+def test_mask_truncated_completions_trains_on_no_token_of_a_cut_episode(tiny):
+    model, _ = tiny
+    trainer = LoRAGRPO(copy.deepcopy(model), config())
+    trajs = fake_trajectories(trainer, generator=torch.Generator().manual_seed(8), rewards=[[0, 1, 0, 1], [1, 0, 0, 0]])
+    trajs[0].stop_reason, trajs[5].stop_reason = "max_tokens", "timeout"
+    plain, masked = batch_of(trajs), batch_of(trajs, mask_truncated=True)
+    assert masked.mask[0].sum() == 0 and masked.mask[5].sum() == 0
+    assert torch.equal(masked.mask[1:5], plain.mask[1:5]) and plain.mask[0].sum() > 0
+    torch.testing.assert_close(masked.advantages, plain.advantages)  # the cut episode still counts in its group's baseline
 
 
 def test_gradient_checkpointing_same_update(tiny):
@@ -212,7 +235,7 @@ def test_gradient_checkpointing_same_update(tiny):
     for checkpointing in (False, True):
         torch.manual_seed(0)  # the same LoRA initialisation for both
         trainer = LoRAGRPO(copy.deepcopy(model), config(gradient_checkpointing=checkpointing))
-        assert trainer.model.get_base_model().is_gradient_checkpointing == checkpointing
+        assert trainer.model.get_base_model().is_activation_checkpointing == checkpointing
         trainer.train_step(fake_trajectories(trainer, generator=torch.Generator().manual_seed(6)))
         weights.append([p.detach().clone() for p in trainer.params])
     for a, b in zip(*weights):

@@ -1,6 +1,6 @@
 """Our GRPO loss equals TRL's: same batch, same weights, same numbers (and gradients).
 
-helpers.grpo.compare_with_trl builds a TRL GRPOTrainer on a copy of our LoRA model,
+helpers.trl_compat.compare_with_trl builds a TRL GRPOTrainer on a copy of our LoRA model,
 lets TRL sample and score a batch, and feeds the same tokens, rewards, old log-probs
 and reference log-probs to both losses.
 """
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from helpers.config import TrainConfig
-from helpers.grpo import LoRAGRPO, compare_with_trl
+from helpers.grpo import LoRAGRPO
+from helpers.trl_compat import compare_with_trl
 from helpers.tiny import make_tiny_tasks
 
 
@@ -29,13 +30,15 @@ def trained_looking(model, config):
     return trainer
 
 
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single-turn", "multi-turn"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-def test_loss_equals_trl(tiny, loss_type, beta):
+def test_loss_equals_trl(tiny, loss_type, beta, multi_turn):
+    """multi-turn: a tool's reply sits inside each completion; TRL masks it with tool_mask, we with mask 0."""
     model, tokenizer = tiny
     config = TrainConfig(lora_r=4, lora_alpha=8, num_generations=4, loss_type=loss_type, beta=beta, temperature=1.0)
     trainer = trained_looking(model, config)
-    result = compare_with_trl(trainer, tokenizer, make_tiny_tasks(2, seed=1), max_completion_length=16)
+    result = compare_with_trl(trainer, tokenizer, make_tiny_tasks(2, seed=1), max_completion_length=16, multi_turn=multi_turn)
     assert result["ours"] == pytest.approx(result["trl"], abs=1e-5)
     assert result["grad_max_diff"] < 1e-5
     assert result["clip_ours"] == pytest.approx(result["clip_trl"], abs=1e-6)

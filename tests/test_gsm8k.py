@@ -8,6 +8,7 @@ from helpers.config import get_preset
 from helpers.data import load_gsm8k
 from helpers.evaluate import breakdown, evaluate, save_records
 from helpers.formats import format_number, to_number
+from helpers.memory import memory_plan
 from helpers.paths import GSM8K_SAMPLE, TINY_DIR
 from helpers.policy.base import Generation
 
@@ -87,12 +88,27 @@ def test_full_evaluation_reports_lenient_and_strict_accuracy_and_breakdown(tmp_p
 def test_memory_plan_reads_the_tiny_model_from_its_folder():
     from transformers import AutoConfig
 
-    from helpers.memory import memory_plan
-
     plan = memory_plan("gsm8k-cpu-smoke", gpu_gb=16)
     c = AutoConfig.from_pretrained(TINY_DIR)
     assert (plan.shape.hidden, plan.shape.layers, plan.shape.vocab) == (c.hidden_size, c.num_hidden_layers, c.vocab_size)
     assert any(term == "hf generate: KV cache" for term, _, _ in plan.rows) and plan.fits
+
+
+@pytest.mark.slow
+def test_tools_cpu_smoke_run_end_to_end(tmp_path):
+    """gsm8k-24gb-tools' path (calculator env, Qwen's tool-call format) runs on the tiny model through the CLI."""
+    from helpers.train import main
+
+    result = main(["--preset", "gsm8k-tools-cpu-smoke", "--steps", "1", "--pass-k", "0", "--out-dir", str(tmp_path)])
+    assert {"success", "tool_calls", "tool_result_used", "turns"} <= set(result.after)
+    assert result.after["n"] == result.before["n"] >= 5
+
+
+def test_tools_preset_is_the_agentic_gsm8k_run():
+    tools, baseline = get_preset("gsm8k-24gb-tools"), get_preset("gsm8k-24gb")
+    assert tools.env == "calculator" and tools.env_max_steps == 5 and baseline.env == "math"
+    assert (tools.model, tools.dataset, tools.rewards) == (baseline.model, baseline.dataset, baseline.rewards)
+    assert memory_plan(tools, 24).fits
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import IPython.display
 
 from helpers.live import LiveCurves, format_line, in_notebook
 
-STEP = {"reward": 0.5, "success": 0.5, "tool_use": 0.25, "kl": 0.01, "completion_len": 30.0,
+STEP = {"reward": 0.5, "success": 0.5, "tool_calls": 0.25, "kl": 0.01, "completions/mean_length": 30.0,
         "t_rollout": 2.0, "t_reward": 0.01, "t_update": 1.0}
 
 
@@ -12,12 +12,13 @@ def test_console_fallback_prints_one_line_per_step(capsys, tmp_path):
     assert not in_notebook()  # pytest is not a Jupyter kernel
     live = LiveCurves(tmp_path, total_steps=2)
     assert live.notebook is False
-    live.update(0, {"eval/success": 0.25, "eval/tool_use": 0.5})
+    live.update(0, {"eval/success": 0.25, "eval/tool_calls": 0.5, "eval/pass@4": 0.75})
     live.update(1, STEP)
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("step    0/2") and "EVAL success 0.250" in lines[0]
-    assert "reward 0.500" in lines[1] and "rollout 2.00" in lines[1] and "tool 0.25" in lines[1]
+    assert lines[0].startswith("step    0/2") and "EVAL greedy 0.250" in lines[0] and "tools 0.50" in lines[0]
+    assert "reward 0.500" in lines[1] and "rollout 2.00" in lines[1] and "tools 0.25" in lines[1]
+    assert live.history["eval/pass@k"] == [(0, 0.75)]  # pass@4 is drawn as the pass@k curve
     png = live.close()
     assert png == tmp_path / "curves.png" and png.read_bytes()[:4] == b"\x89PNG"
 

@@ -30,7 +30,7 @@ def test_each_item_fails_on_its_pitfall():
     assert verdicts(no_eval)["TrainConfig.eval_every, save_every"] is False
 
     blind = preflight(get_preset("tiny-cpu", log_kl=False))
-    assert verdicts(blind)["helpers.train.check_health"] is False
+    assert verdicts(blind)["helpers.pitfalls.check_health"] is False
 
     register_env("calculator-no-timeouts", lambda max_steps: CalculatorEnv(max_steps=max_steps, episode_timeout=None), overwrite=True)
     unbounded = preflight(get_preset("tiny-cpu", env="calculator-no-timeouts"))

@@ -6,10 +6,14 @@ from fractions import Fraction
 import pytest
 
 from helpers import rewards as R
+from helpers.config import TrainConfig
 from helpers.data import Task, load_gsm8k
 from helpers.formats import format_number, format_tool_call
 from helpers.paths import GSM8K_SAMPLE
+from helpers.grpo import advantage_table
 from helpers.rollout import Trajectory
+from helpers.trl_compat import reward_funcs, to_trl_reward_func
+from helpers.viewer import reward_panel, widgets_frontend
 
 
 def make_traj(turns, answer="1000", info=None, task_id="t0", group=0, mask=None):
@@ -108,8 +112,8 @@ def test_tool_use_needs_a_call_whose_result_is_the_answer():
     assert R.tool_use(make_traj([CALL, ("tool", "1000"), "<answer>999</answer>"])) == 0.0  # called, ignored the result
     assert R.tool_use(make_traj(["<answer>1000</answer>"])) == 0.0  # no call
     assert R.tool_use(make_traj([CALL, ("tool", "error: bad expression"), "<answer>1000</answer>"])) == 0.0
-    assert R.count_tool_calls(used) == 2 - 1  # counted from the text
-    assert R.count_tool_calls(make_traj([CALL], info={"tool_calls": 5})) == 5  # the env's count wins
+    assert used.tool_calls == 2 - 1  # counted from the text
+    assert make_traj([CALL], info={"tool_calls": 5}).tool_calls == 5  # the env's count wins
 
 
 def test_length_penalty_counts_generated_tokens():
@@ -170,8 +174,6 @@ def test_reward_that_raises_is_caught_counted_and_reported():
 
 
 def test_config_names_resolve():
-    from helpers.config import TrainConfig
-
     reward = R.as_reward(TrainConfig().rewards)
     assert set(reward.weights) == set(TrainConfig().rewards)
 
@@ -180,7 +182,7 @@ def test_config_names_resolve():
 
 
 def test_trl_adapter_plain_and_conversational():
-    f = R.to_trl_reward_func("correct")
+    f = to_trl_reward_func("correct")
     assert f.__name__ == "correct"
     # plain-text dataset: completions are strings; dataset columns come as keyword lists
     out = f(prompts=["q1", "q2"], completions=["<answer>1,000</answer>", "I think 7"], completion_ids=[[1, 2], [3]],
@@ -193,10 +195,41 @@ def test_trl_adapter_plain_and_conversational():
          {"role": "tool", "name": "calculator", "content": "1000"}, {"role": "assistant", "content": "<answer>1000</answer>"}],
         [{"role": "assistant", "content": "<answer>1000</answer>"}],
     ]
-    assert R.to_trl_reward_func(R.tool_use)(prompts, completions, answer=["1000", "1000"]) == [1.0, 0.0]
-    assert R.to_trl_reward_func("format")(prompts, completions) == [1.0, 1.0]
+    assert to_trl_reward_func(R.tool_use)(prompts, completions, answer=["1000", "1000"]) == [1.0, 0.0]
+    assert to_trl_reward_func("format")(prompts, completions) == [1.0, 1.0]
     # a raising reward returns 0 for the row instead of crashing the trainer
-    assert R.to_trl_reward_func(lambda t: 1 / 0)(["q"], ["a"]) == [0.0]
+    assert to_trl_reward_func(lambda t: 1 / 0)(["q"], ["a"]) == [0.0]
+
+
+def test_trl_reward_funcs_follow_the_config():
+    funcs, weights = reward_funcs(TrainConfig(rewards={"correct": 1.0, "format": 0.1}))
+    assert [f.__name__ for f in funcs] == ["correct", "format"] and weights == [1.0, 0.1]
+
+
+# --- bad reward values: counted errors, never a poisoned batch -------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0.5", True, None, float("nan"), float("inf")])
+def test_a_reward_that_is_not_a_finite_number_is_an_error_scored_zero(value):
+    reward = R.combine({lambda t: value: 1.0})
+    traj = make_traj(["<answer>1000</answer>"])
+    assert reward(traj) == 0.0 and sum(reward.errors.values()) == 1
+    assert "reward_errors" in traj.info
+
+
+def test_finite_parts_whose_weighted_sum_overflows_are_an_error_scored_zero():
+    huge = lambda t: 1e308  # noqa: E731
+    huge.name = "huge"
+    reward = R.combine({huge: 2.0})
+    traj = make_traj(["<answer>1000</answer>"])
+    assert reward(traj) == 0.0 and reward.errors["reward"] == 1
+    assert "OverflowError" in traj.info["reward_errors"]["reward"]
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), "1"])
+def test_a_weight_that_is_not_a_finite_number_is_refused(weight):
+    with pytest.raises(ValueError, match="weight of reward 'correct'"):
+        R.combine({"correct": weight})
 
 
 # --- diagnostics -----------------------------------------------------------------------------
@@ -230,7 +263,7 @@ def test_advantage_table_marks_flat_groups():
     trajs = [make_traj(["<answer>1000</answer>"], task_id="a", group=0), make_traj(["<answer>7</answer>"], task_id="a", group=1),
              make_traj(["<answer>7</answer>"], task_id="b", group=0), make_traj(["<answer>8</answer>"], task_id="b", group=1)]
     R.score_trajectories(trajs, "correct")
-    lines = R.advantage_table(trajs).splitlines()
+    lines = advantage_table(trajs).splitlines()
     assert lines[1].split()[:3] == ["a", "1.00", "0.00"] and "+0.71 -0.71" in lines[1] and "(flat)" not in lines[1]
     assert lines[2].endswith("(flat)")
 
@@ -240,9 +273,9 @@ def test_reward_panel_without_frontend_prints_static_output(monkeypatch, capsys)
 
     matplotlib.use("Agg")
     monkeypatch.setenv("WORKBOOK_WIDGETS", "0")
-    assert not R.widgets_frontend()
+    assert not widgets_frontend()
     trajs = [make_traj([f"<answer>{n}</answer>"], task_id="a", group=g) for g, n in enumerate([1000, 5])]
-    assert R.reward_panel(trajs, {"correct": 1.0, "format": 0.5}) is None
+    assert reward_panel(trajs, {"correct": 1.0, "format": 0.5}) is None
     out = capsys.readouterr().out
     assert "reward = 1*correct, 0.5*format" in out and "+0.71" in out
     assert [t.reward for t in trajs] == [1.5, 0.5]

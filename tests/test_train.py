@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from helpers.config import get_preset
 from helpers.live import LiveCurves
-from helpers.train import build_parser, check_health, train
+from helpers.pitfalls import check_health
+from helpers.train import build_parser, train
 
 TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")
 
@@ -26,7 +27,7 @@ def test_cli_flags_are_typed_from_the_dataclass():
 
 
 def healthy(step, reward=0.5, kl=0.01, **kw):
-    return {"step": step, "reward": reward, "kl": kl, "entropy": 0.5, "all_zero_reward": 0.0, "truncated": 0.0, **kw}
+    return {"step": step, "reward": reward, "kl": kl, "entropy": 0.5, "all_zero_reward": 0.0, "completions/clipped_ratio": 0.0, **kw}
 
 
 def kinds(history):
@@ -42,7 +43,7 @@ def test_health_checks_fire_on_the_classic_failures():
     collapsing = steady + [healthy(7, reward=0.1), healthy(8, reward=0.0), healthy(9, reward=0.05)]
     assert "reward_collapse" in kinds(collapsing)
     assert kinds(steady + [healthy(7, reward=0.0, all_zero_reward=1.0)]) == ["all_zero_reward"]
-    assert kinds(steady + [healthy(7, truncated=0.6)]) == ["truncation"]
+    assert kinds(steady + [healthy(7, **{"completions/clipped_ratio": 0.6})]) == ["truncation"]
 
 
 class KillAt(LiveCurves):
@@ -85,7 +86,11 @@ def test_short_run_and_kill_resume_give_the_same_numbers(tmp_path, one_thread):
     run = full.run_dir
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]
-    assert {"reward", "success", "tool_use", "kl", "clip_frac", "completion_len", "t_rollout", "t_update"} <= set(lines[1])
+    trl_names = {"reward", "reward_std", "rewards/correct/mean", "frac_reward_zero_std", "completions/mean_length",
+                 "completions/clipped_ratio", "clip_ratio/region_mean", "entropy", "kl", "learning_rate", "grad_norm"}
+    assert trl_names | {"success", "tool_calls", "turns", "t_rollout", "t_update"} <= set(lines[1])
+    summary = json.loads((run / "summary.json").read_text())
+    assert {"success", "tool_calls", "turns", "pass@2", "pass@1"} <= set(summary["before"]) & set(summary["after"])
     assert "eval/pass@2" in lines[0] and "eval/success" in lines[2] and "eval/pass@2" not in lines[2]
     assert "eval/pass@2" in lines[4] and "eval/success" not in lines[1]
     assert (run / "curves.png").exists() and (run / "trajectories" / "step-0002.jsonl").exists()

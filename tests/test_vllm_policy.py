@@ -1,10 +1,11 @@
-"""The vLLM backend's calls, checked on CPU against a fake ``vllm`` module.
+"""The vLLM backend's calls, checked against a fake ``vllm`` module (no vLLM install needed).
 
-vLLM needs a GPU, so these tests inject a stand-in into ``sys.modules`` that records
-what the adapter asks of it and answers in vLLM's output shapes. What is checked: the
-LLM's constructor arguments, the SamplingParams mapping (one per prompt, seeds
-distinct), token-id prompts, log-prob extraction, a new LoRARequest id and folder per
-adapter version, and the sleep/wake order. What is not: vLLM itself.
+These tests inject a stand-in into ``sys.modules`` that records what the adapter asks of
+it and answers in vLLM's output shapes, on a pretend GPU or a pretend CPU platform. What
+is checked: the LLM's constructor arguments (and what changes on CPU), the SamplingParams
+mapping (one per prompt, seeds distinct), token-id prompts, log-prob extraction, a new
+LoRARequest id and folder per adapter version, and the sleep/wake order. What is not:
+vLLM itself; tests/test_vllm_engine.py runs the real CPU engine.
 """
 
 import math
@@ -81,18 +82,45 @@ class FakeLLM:
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache", None))
 
+    def collective_rpc(self, method, args=()):
+        self.calls.append(("collective_rpc", (method, args)))
 
-@pytest.fixture
-def fake_vllm(monkeypatch):
+
+@dataclass
+class FakePlatform:
+    device_name: str = "cuda"
+
+    def is_cpu(self):
+        return self.device_name == "cpu"
+
+    def is_sleep_mode_available(self):
+        return self.device_name == "cuda"
+
+
+def install_fake_vllm(monkeypatch, device: str):
     vllm = types.ModuleType("vllm")
     vllm.LLM, vllm.SamplingParams = FakeLLM, FakeSamplingParams
     lora = types.ModuleType("vllm.lora")
     request = types.ModuleType("vllm.lora.request")
     request.LoRARequest = FakeLoRARequest
-    for name, module in [("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request)]:
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakePlatform(device)
+    for name, module in [("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request), ("vllm.platforms", platforms)]:
         monkeypatch.setitem(sys.modules, name, module)
     FakeLLM.instances.clear()
     return vllm
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """vLLM on a (pretend) CUDA GPU."""
+    return install_fake_vllm(monkeypatch, "cuda")
+
+
+@pytest.fixture
+def fake_vllm_cpu(monkeypatch):
+    """vLLM's CPU build (pretend)."""
+    return install_fake_vllm(monkeypatch, "cpu")
 
 
 @dataclass
@@ -130,6 +158,8 @@ def test_llm_is_built_from_the_preset(fake_vllm, tmp_path):
     assert kwargs["gpu_memory_utilization"] == config.vllm_gpu_memory_utilization
     assert kwargs["enable_sleep_mode"] is True
     assert kwargs["max_model_len"] == config.max_total_tokens
+    assert kwargs["logprobs_mode"] == "processed_logprobs"  # after temperature, as HFPolicy (helpers.policy.base)
+    assert "worker_extension_cls" not in kwargs and "kv_cache_memory_bytes" not in kwargs  # CPU only
     assert policy.tokenizer == "fake-tokenizer"  # vLLM's own when none is given
     assert policy.lora_request is None  # base model until the first update
 
@@ -137,7 +167,8 @@ def test_llm_is_built_from_the_preset(fake_vllm, tmp_path):
 def test_sampling_params_mapping_and_distinct_seeds(fake_vllm, tmp_path):
     policy = make_policy(tmp_path)
     params = SamplingParams(max_new_tokens=512, temperature=0.7, top_p=0.9, stop_token_ids=[7, 8], seed=3)
-    sps = policy.sampling_params(params, prompt_lengths=[100, 100, 200, 700])
+    with pytest.warns(UserWarning, match="nucleus"):  # top_p < 1: vLLM's log-probs are over the nucleus, not the vocabulary
+        sps = policy.sampling_params(params, prompt_lengths=[100, 100, 200, 700])
     assert len(sps) == 4
     for i, sp in enumerate(sps):
         assert (sp.temperature, sp.top_p, sp.stop_token_ids) == (0.7, 0.9, [7, 8])
@@ -167,11 +198,11 @@ def test_generate_passes_token_ids_and_extracts_logprobs(fake_vllm, tmp_path):
 def test_each_adapter_version_gets_a_new_id_and_folder(fake_vllm, tmp_path):
     policy = make_policy(tmp_path)
     model = FakePeftModel()
-    policy.load_adapter(model)
+    policy.sync(model)
     first = policy.lora_request
     assert (first.lora_int_id, first.lora_name) == (1, "policy-v1")
     assert first.lora_path == str(tmp_path / "adapters" / "v1")
-    policy.load_adapter(model)
+    policy.sync(model)
     second = policy.lora_request
     assert second.lora_int_id == 2 and second.lora_path == str(tmp_path / "adapters" / "v2")
     assert not (tmp_path / "adapters" / "v1").exists()  # the old version's folder is cleaned up
@@ -202,11 +233,11 @@ def test_sleep_then_generate_wakes_first(fake_vllm, tmp_path):
 
 
 def test_one_training_step_order(fake_vllm, tmp_path):
-    """What helpers.train does per step: sample, sleep, update, load the adapter, sample again."""
+    """What helpers.train does per step: sample, sleep, update, sync the adapter, sample again."""
     policy = make_policy(tmp_path)
     policy.generate([[1]], SamplingParams(max_new_tokens=2))
     policy.sleep()
-    policy.load_adapter(FakePeftModel())  # while asleep: only the folder and the request change
+    policy.sync(FakePeftModel())  # while asleep: only the folder and the request change
     policy.generate([[1]], SamplingParams(max_new_tokens=2))
     names = [c for c, _ in FakeLLM.instances[-1].calls]
     assert names == ["generate", "sleep", "wake_up", "reset_prefix_cache", "generate"]
@@ -224,3 +255,26 @@ def test_no_sleep_mode_never_sleeps(fake_vllm, tmp_path):
     policy.sleep()
     policy.generate([[1]], SamplingParams(max_new_tokens=2))
     assert [c for c, _ in FakeLLM.instances[-1].calls] == ["generate"]
+
+
+def test_cpu_no_sleep_mode_explicit_kv_cache_and_engine_seeds(fake_vllm_cpu, tmp_path, capsys):
+    """On CPU: sleep mode off (vLLM refuses it there), a KV cache sized for one rollout batch
+    instead of a share of host RAM, and seeds that re-seed the engine, not each request."""
+    from helpers.policy.vllm import kv_cache_bytes
+
+    config = get_preset("tiny-cpu", backend="vllm")
+    policy = make_policy(tmp_path, **{f: getattr(config, f) for f in ("model", "dtype", "lora_r", "max_total_tokens",
+                                                                       "tasks_per_step", "num_generations", "vllm_dtype")})
+    kwargs = FakeLLM.instances[-1].kwargs
+    assert "no sleep mode" in capsys.readouterr().out
+    assert kwargs["enable_sleep_mode"] is False and "gpu_memory_utilization" not in kwargs
+    # tiny model: 2 (K, V) x 4 layers x 4 heads x 32 dims x 4 bytes = 4 KiB a token, for 64 x 192 tokens
+    assert kwargs["kv_cache_memory_bytes"] == kv_cache_bytes(kwargs["model"], "float32", 192, 64) == 4096 * 192 * 64
+    assert kwargs["worker_extension_cls"] == "helpers.policy.vllm.EngineSeed" and kwargs["enforce_eager"] is True
+    policy.generate([[1], [1]], SamplingParams(max_new_tokens=2, seed=5))
+    (rpc, (method, args)), (gen, details) = FakeLLM.instances[-1].calls
+    assert (rpc, method, args) == ("collective_rpc", "reseed_sampler", (5,))  # the engine is seeded per call...
+    assert all(sp.seed is None for sp in details["params"])  # ...and no request has a seed (it kills the CPU engine)
+    policy.sleep()
+    assert [c for c, _ in FakeLLM.instances[-1].calls][-1] == "generate"  # sleep is a no-op
+

@@ -41,11 +41,11 @@ def _timed(fn, sink: list):
 def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps: int = 3, threads: int = 1,
         seed: int = 0, verbose: bool = True) -> dict:
     """Time ``steps`` GRPO steps of each trainer (the first is a warm-up); return times and ratios."""
-    from peft import LoraConfig
     from transformers import PrinterCallback, TrainerCallback
 
     from helpers.config import get_preset
-    from helpers.grpo import LoRAGRPO, collate, trajectories_from_trl, trl_trainer
+    from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards, lora_config
+    from helpers.trl_compat import trajectories_from_trl, trl_trainer
     from helpers.policy.base import SamplingParams
     from helpers.policy.hf import HFPolicy
     from helpers.rollout import rollout
@@ -57,17 +57,16 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     tasks = make_tiny_tasks(num_tasks, seed=seed, split="test")
     config = get_preset("tiny-cpu", tasks_per_step=num_tasks, num_generations=group_size, grad_accum=1,
                         max_new_tokens=max_new_tokens, temperature=1.0, beta=0.0, loss_type="dapo",
-                        steps=steps, seed=seed, gradient_checkpointing=False)
+                        steps=steps, seed=seed, gradient_checkpointing=False,
+                        skip_zero_spread=False)  # TRL trains on every group: so do we, for a like-for-like time
     say(f"tiny model, {threads} torch thread(s), {num_tasks} tasks x G={group_size}, max_new_tokens={max_new_tokens}, "
         f"LoRA r={config.lora_r} on {len(config.lora_target_modules)} module types, {steps} steps (first = warm-up)")
 
     # --- TRL: full steps through GRPOTrainer.train() -----------------------------------------
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
     torch.manual_seed(seed)
     tmp = tempfile.TemporaryDirectory()
     trl = trl_trainer(copy.deepcopy(model), tokenizer, config, [t.prompt for t in tasks], max_new_tokens, tmp.name,
-                      peft_config=lora)
+                      peft_config=lora_config(config))
     trl.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     trl_steps, trl_sample, batches = [], [], []
 
@@ -109,7 +108,7 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     fixed = batches[-1]
     rewards = torch.randint(0, 2, (len(fixed["advantages"]),), generator=torch.Generator().manual_seed(seed)).float().tolist()
     same = trajectories_from_trl(fixed, tasks, rewards)
-    batch = collate(same)
+    batch = collate(same, group_advantages(group_rewards(same)))
     with torch.no_grad():  # on-policy old log-probs, as TRL uses when num_iterations == 1
         old = ours.logprobs(batch.input_ids, batch.mask)
     for n, t in enumerate(same):
@@ -117,7 +116,7 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     our_update = []
     for _ in range(steps):
         start = time.perf_counter()
-        ours.train_step(same)
+        ours.update(collate(same, group_advantages(group_rewards(same))))
         our_update.append(time.perf_counter() - start)
     trl._generate_and_score_completions = lambda rows: dict(fixed)  # TRL's step without sampling
     trl.args.max_steps = steps  # train() starts a fresh run of `steps` steps

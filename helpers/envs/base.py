@@ -16,17 +16,27 @@ As in Gymnasium, ``terminated`` (the task reached an end: answered, gave up) is
 kept apart from ``truncated`` (a limit cut it short: max_steps, timeout). Every
 episode ends with a named ``stop_reason``. ``step`` never raises on bad model
 output: a malformed tool call becomes an error observation the model can read.
+
+``Env.step`` is a template: the part every env shares (the protocol check, counting
+the step, ``str(action)``) is written once here, and a subclass writes only
+``_step(text) -> StepResult``, what its world does with one turn. Long observations
+are cut by one function, ``clip_observation``, so every env says the same thing when
+it cuts.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
 from helpers.data import Task
+from helpers.formats import judge_answer
 
 # Why an episode ended. The rollout adds "max_tokens" (token budget) itself, with ``env.truncate``.
 STOP_REASONS = ("answered", "max_steps", "timeout", "max_tokens", "error")
+TRUNCATED = ("max_steps", "max_tokens", "timeout")  # the stop reasons that mean "a limit cut it short"
+TRUNCATED = ("max_steps", "max_tokens", "timeout")  # the stop reasons that mean "a limit cut it short"
 
 # Keys every step's ``info`` carries (the final step's values describe the episode):
 #   stop_reason  None until the episode ends, then one of STOP_REASONS
@@ -41,8 +51,15 @@ INFO_KEYS = ("stop_reason", "correct", "predicted", "verdict", "tool_calls", "to
 def new_info(**values) -> dict:
     """An ``info`` dict with every key of ``INFO_KEYS`` at its start value, then ``values``."""
     info = {"stop_reason": None, "correct": False, "predicted": None, "verdict": None, "tool_calls": 0, "tool_errors": 0}
-    info.update(values)
+    info.update(copy.deepcopy(values))  # a copy: an env's defaults (lists, dicts) are never shared between episodes
     return info
+
+
+def clip_observation(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, saying how much was cut (the model should know)."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n... [truncated: {len(text) - max_chars} more characters]"
 
 
 class EnvError(RuntimeError):
@@ -66,15 +83,17 @@ class StepResult:
 
 
 class Env:
-    """Base class. Subclasses implement ``reset`` and ``step``.
+    """Base class. Subclasses implement ``_step(text)``; most need no ``reset`` of their own.
 
     Class attributes a subclass may set:
-        name:   registry name
-        tools:  JSON schemas of the tools (passed to ``apply_chat_template(tools=...)``), or None
+        name:          registry name
+        tools:         JSON schemas of the tools (passed to ``apply_chat_template(tools=...)``), or None
+        info_defaults: the env's own ``info`` keys with their start values, e.g. ``{"strict_format": False}``
     """
 
     name: str = "base"
     tools: list[dict] | None = None
+    info_defaults: dict = {}
 
     def __init__(self, max_steps: int = 1):
         if max_steps < 1:
@@ -83,14 +102,21 @@ class Env:
         self.task: Task | None = None
         self.steps = 0
         self.stop_reason: str | None = None
-        self.info: dict = new_info()  # the running episode's info; each StepResult gets a copy
+        self.info: dict = new_info(**self.info_defaults)  # the running episode's info; each StepResult gets a copy
         self.started = 0.0  # time.monotonic() at reset
 
     def reset(self, task: Task) -> list[dict]:
-        raise NotImplementedError
+        """Start an episode of ``task``; returns a copy of its prompt messages."""
+        return self._begin_episode(task)
 
     def step(self, action: str) -> StepResult:
-        raise NotImplementedError
+        """One assistant turn. Checks the protocol, counts the step, then ``self._step(text)``."""
+        self._check_can_step()
+        self.steps += 1
+        return self._step(action if isinstance(action, str) else str(action))
+
+    def _step(self, text: str) -> StepResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step(text) -> StepResult")
 
     def is_done(self) -> bool:
         return self.stop_reason is not None
@@ -115,7 +141,7 @@ class Env:
         if not isinstance(task, Task):
             raise TypeError(f"reset() needs a helpers.data.Task, got {type(task).__name__}")
         self.task, self.steps, self.stop_reason = task, 0, None
-        self.info = new_info()
+        self.info = new_info(**self.info_defaults)
         self.started = time.monotonic()
         return [dict(message) for message in task.prompt]
 
@@ -124,6 +150,11 @@ class Env:
             raise EnvError(f"{type(self).__name__}.step() called before reset(task)")
         if self.is_done():
             raise EnvError(f"{type(self).__name__}.step() called after the episode ended (stop_reason={self.stop_reason!r}); call reset(task) first")
+
+    def _answered(self, text: str) -> StepResult:
+        """``text`` is the final answer: judge it (``helpers.formats.judge_answer``) and end the episode."""
+        self.info.update(judge_answer(text, self.task.answer))
+        return self._end("answered", reward=1.0 if self.info["correct"] else 0.0)
 
     def _end(self, stop_reason: str, reward: float = 0.0) -> StepResult:
         """Finish the episode: ``terminated`` when answered, ``truncated`` for any limit or error."""

@@ -12,7 +12,9 @@ What it checks (see ``helpers.envs.base`` for the contract):
   change ``task.prompt``, and really resets: a second ``reset`` after a finished
   episode gives the same messages and a fresh, not-done state.
 * ``step`` never raises on model output, whatever it is (random text, a 100k-character
-  turn, broken tags, malformed tool calls, unknown tools, a surrogate character).
+  turn, broken tags, malformed tool calls, unknown tools, a surrogate character, a
+  5,000-digit number or JSON nested 1,000 deep in a tool call, a megabyte of unclosed
+  ``<tool_call>`` tags), and answers each turn within ``step_seconds``.
 * Each StepResult has a list of messages, a finite float reward, bool flags, and an
   ``info`` dict with every key of ``INFO_KEYS`` that ``json.dumps`` can write.
 * ``done`` agrees with ``is_done()``; a finished episode has a ``stop_reason`` from
@@ -29,6 +31,7 @@ import json
 import math
 import random
 import string
+import time
 
 from helpers.envs.base import INFO_KEYS, STOP_REASONS, Env, EnvError, StepResult
 from helpers.formats import format_tool_call
@@ -50,6 +53,9 @@ def _scripted_actions(env: Env, task) -> list[str]:
         "<tool_call>\n[1, 2, 3]\n</tool_call>",
         '<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call>',
         "<tool_call>" * 50,
+        "<tool_call>" * 100_000,  # a megabyte of unclosed tags: a quadratic parser takes minutes
+        '<tool_call>{"name": "x", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>",  # beyond int()'s 4,300 digits
+        "<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>",  # deeper than json's recursion limit
         "x" * 100_000,
         "\x00\x1b[2J\udcff",
         "```python\nimport os\nprint(os.getcwd())\n```",
@@ -136,7 +142,7 @@ def _check_result(env: Env, result, where: str) -> list[str]:
     return problems
 
 
-def _play(env: Env, task, actions, where: str, problems: list[str]) -> StepResult | None:
+def _play(env: Env, task, actions, where: str, problems: list[str], step_seconds: float) -> StepResult | None:
     """Reset, play ``actions`` (then ``"<answer>0</answer>"`` turns) until done; check every step."""
     prompt_before = copy.deepcopy(task.prompt)
     try:
@@ -152,12 +158,16 @@ def _play(env: Env, task, actions, where: str, problems: list[str]) -> StepResul
     for step in range(1, env.max_steps + 2):
         action = actions[step - 1] if step <= len(actions) else "<answer>0</answer>"
         label = f"{where}, step {step} (action {action[:40]!r})"
+        start = time.monotonic()
         try:
             result = env.step(action)
         except Exception as e:
             problems.append(f"{label}: step() raised {type(e).__name__}: {e}")
             return None
+        elapsed = time.monotonic() - start
         new = _check_result(env, result, label)
+        if elapsed > step_seconds:
+            new.append(f"{label}: step() took {elapsed:.1f} s, more than step_seconds={step_seconds} (a turn of {len(action)} characters)")
         problems += new
         if new or result.done:
             break
@@ -169,12 +179,13 @@ def _play(env: Env, task, actions, where: str, problems: list[str]) -> StepResul
     return result
 
 
-def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=None, strict: bool = False) -> list[str]:
+def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=None, strict: bool = False, step_seconds: float = 30.0) -> list[str]:
     """Run ``env`` through scripted and ``n_random`` random episodes; return the problems found.
 
     ``tasks``: a few tasks to play (cycled). ``solver(task) -> list[str]``: actions that
     should earn reward 1.0 (optional). ``strict=True`` raises ``EnvCheckError`` instead
-    of returning a non-empty list.
+    of returning a non-empty list. ``step_seconds``: the longest a single ``step`` may take
+    (generous: it catches parsers that are quadratic in the turn, not slow tools).
     """
     if not tasks:
         raise ValueError("check_env needs at least one task")
@@ -183,16 +194,16 @@ def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=N
 
     first = tasks[0]
     for i, action in enumerate(_scripted_actions(env, first)):
-        _play(env, first, [action], f"scripted episode {i}", problems)
+        _play(env, first, [action], f"scripted episode {i}", problems, step_seconds)
 
     for i in range(n_random):
         task = tasks[i % len(tasks)]
         actions = [_random_action(rng, env) for _ in range(env.max_steps)]
-        _play(env, task, actions, f"random episode {i}", problems)
+        _play(env, task, actions, f"random episode {i}", problems, step_seconds)
 
     # the end of an episode: step() after it raises EnvError; reset() really resets
     first_messages = env.reset(first)
-    result = _play(env, first, ["<answer>0</answer>"], "reset check", problems)
+    result = _play(env, first, ["<answer>0</answer>"], "reset check", problems, step_seconds)
     if result is not None and result.done:
         try:
             env.step("<answer>0</answer>")
@@ -209,7 +220,7 @@ def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=N
 
     if solver is not None:
         for task in tasks:
-            result = _play(env, task, solver(task), f"solver on {task.id}", problems)
+            result = _play(env, task, solver(task), f"solver on {task.id}", problems, step_seconds)
             if result is not None and (result.reward < 1.0 or env.stop_reason != "answered"):
                 problems.append(f"solver on {task.id}: expected reward 1.0 and stop_reason 'answered', got {result.reward} and {env.stop_reason!r} (info {result.info})")
 

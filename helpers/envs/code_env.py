@@ -7,46 +7,67 @@
     result.reward, result.info["passed"], result.info["total"]        # 1.0, 4, 4
 
 The policy's code is the last ```python block of its turn that defines the function
-(else the last code block, else the whole text). It runs with the task's asserts in
-a separate, limited process (``helpers.sandbox``: read its docstring for what that
-does and does not protect against). Reward = fraction of asserts that pass: partial
-credit gives GRPO a signal before the first fully correct program.
+(else the last code block, else the whole text). Reward = fraction of the task's
+tests that pass: partial credit gives GRPO a signal before the first fully correct
+program.
 
-How the tests run: a small harness (``HARNESS`` below) is the sandboxed program. It
-``exec``s the solution, then each assert in its own namespace with a per-test alarm
-(``test_seconds``), and finally writes one JSON line of results to stdout, behind a
-random token it read from stdin, so plain ``print`` output cannot be mistaken for it.
+Who judges: a policy that is paid for passing tests will, given time, learn to fake a
+pass instead of earning one. So the solution never judges itself:
+
+* A test is one call with literal arguments and a literal expected value,
+  ``assert add(1, 2) == 3`` or ``assert is_even(7) is False`` (``parse_test``; a task
+  file with any other shape is rejected when it is loaded).
+* Inside the sandbox (``helpers.sandbox``: read its docstring for what it contains),
+  a small harness (``HARNESS``) loads the solution and makes the calls, each with a
+  per-call alarm (``test_seconds``). It receives the function name and the arguments
+  only; the expected values never enter the sandbox, and nothing of the task file is
+  mounted there, so there is nothing to peek at.
+* Each return value leaves the sandbox as JSON text. Out here, the judge decodes it
+  into plain Python data (None, bool, int, float, str, list, dict) and compares it with
+  the expected value (after the same JSON round trip). An object whose ``__eq__`` is
+  always true cannot be written as JSON, so it fails; a forged report of the harness is
+  just a list of claimed return values, judged like real ones, so it fails unless the
+  values are right.
 
 Verdicts in ``info["verdict"]``: ``"correct"`` (all pass), ``"tests_failed"``, ``"error"``
-(the solution does not load: syntax error, exception, ``MemoryError``), ``"timeout"``,
-``"output_limit"``, ``"no_answer"`` (empty turn). ``info["error"]`` holds the reason in
-one line, ``info["failures"]`` the first failing asserts. The episode ends ``"answered"``
-whatever the program did (a program that hangs is a bad *answer*, scored 0); only a
-sandbox that cannot start ends it with ``"error"``.
+(the solution does not load: syntax error, exception, ``MemoryError``; or the report is
+missing or malformed), ``"timeout"``, ``"output_limit"``, ``"no_answer"`` (empty turn).
+``info["error"]`` holds the reason in one line, ``info["failures"]`` the first failing
+tests. The episode ends ``"answered"`` whatever the program did (a program that hangs
+is a bad *answer*, scored 0); only a sandbox that cannot start ends it with ``"error"``.
 
 With ``max_steps > 1`` a failed attempt is not final: the env answers with the test
 report as a user message and the policy may try again (the reward is that of the
 last attempt).
 
+Parsing the turn is linear in its length (``helpers.formats.code_blocks``); the run is
+bounded by the sandbox's limits.
+
 Simplifications, named:
 
-* Asserts are the tests (no hidden test set); the task prompt shows the signature only.
-* The harness runs in the same process as the solution, so determined code can forge
-  results (e.g. by patching the harness through ``sys._getframe``). Fine for training
-  small models; not for evaluating adversarial ones.
+* The tests are the task's visible asserts (no hidden test set); the prompt shows the
+  signature only, but the multi-turn feedback quotes the failing asserts, which a
+  later attempt could special-case.
+* Positional literal arguments only, compared with ``==`` or ``is``. JSON has no tuples,
+  sets or int dict keys: ``(1, 2)`` equals ``[1, 2]`` here, and a function returning a
+  set fails.
+* The arguments are visible to the solution (it has to compute on them).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.data import DatasetError, Task, read_jsonl
-from helpers.envs.base import Env, StepResult
+from helpers.envs.base import Env, StepResult, clip_observation
+from helpers.formats import code_blocks
 from helpers.paths import DATA
-from helpers.sandbox import Limits, run_python
+from helpers.sandbox import Limits, SandboxUnavailable, os_isolation, run_python
 
 CODE_TASKS = DATA / "code_tasks.jsonl"
 CODE_SYSTEM_PROMPT = (
@@ -54,14 +75,18 @@ CODE_SYSTEM_PROMPT = (
     "Use only the standard library; do not read input or print."
 )
 MAX_PREDICTED_CHARS = 4000  # the code kept in info["predicted"]
+PLAIN_DATA = "None, bool, int, float, str, list, dict"
 
-_CODE_BLOCK_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
-
+# The sandboxed program. It reads one JSON line on stdin (the token, the calls, the
+# per-call seconds) before the solution exists in its namespace, and writes one line:
+# the token, then [[returned, json_text_or_error], ...]. The token keeps ordinary
+# prints apart from the report; it is no secret from the solution, and need not be.
 HARNESS = r'''
-import json, os, signal, sys
-token = sys.stdin.readline().strip()
-with open("tests.json") as f:
-    config = json.load(f)
+import ast, json, os, signal, sys
+request = json.loads(sys.stdin.readline())
+token, seconds = request["token"], request["seconds"]
+calls = [(name, [ast.literal_eval(arg) for arg in args]) for name, args in request["calls"]]
+del request
 with open("solution.py") as f:
     source = f.read()
 
@@ -75,7 +100,7 @@ signal.signal(signal.SIGALRM, on_alarm)
 
 def describe(e):
     if isinstance(e, TestTimeout):
-        return f"timeout: took longer than {config['test_seconds']} s"
+        return f"timeout: took longer than {seconds} s"
     if isinstance(e, MemoryError):
         return "MemoryError (the sandbox's memory limit)"
     return f"{type(e).__name__}: {e}"[:300]
@@ -83,7 +108,7 @@ def describe(e):
 namespace = {"__name__": "solution"}
 load_error = None
 try:
-    signal.setitimer(signal.ITIMER_REAL, config["test_seconds"])
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     exec(compile(source, "solution.py", "exec"), namespace)
 except BaseException as e:  # SystemExit and KeyboardInterrupt too: the solution must not end the run
     load_error = describe(e)
@@ -91,28 +116,70 @@ finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 results = []
-for test in config["tests"]:
+for name, args in calls:
     if load_error is not None:
         results.append([False, "solution did not load: " + load_error])
         continue
     try:
-        signal.setitimer(signal.ITIMER_REAL, config["test_seconds"])
-        exec(compile(test, "test", "exec"), dict(namespace))
-        results.append([True, None])
-    except AssertionError:
-        results.append([False, "assertion failed"])
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        function = namespace.get(name)
+        if not callable(function):
+            raise NameError(f"the solution defines no function {name!r}")
+        value = function(*args)
+        try:
+            results.append([True, json.dumps(value)])
+        except (TypeError, ValueError, RecursionError):
+            results.append([False, f"returned a {type(value).__name__}, not plain data ({PLAIN_DATA})"])
     except BaseException as e:
         results.append([False, describe(e)])
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 os.write(1, ("\n" + token + json.dumps(results) + "\n").encode())  # os.write: works even if sys.stdout was replaced
-'''
+'''.replace("{PLAIN_DATA}", PLAIN_DATA)
+
+
+@dataclass(frozen=True)
+class CodeTest:
+    """One test, parsed: ``function(*arguments) <op> expected``; ``arguments`` are literal source texts."""
+
+    source: str  # the assert as written in the task file
+    function: str
+    arguments: tuple[str, ...]
+    op: str  # "==" or "is"
+    expected: object  # plain data, after a JSON round trip
+
+    def judge(self, returned: object) -> bool:
+        return returned is self.expected if self.op == "is" else returned == self.expected
+
+
+def parse_test(source: str) -> CodeTest:
+    """``"assert f(1, [2]) == 3"`` -> CodeTest; ``ValueError`` saying what is wrong with any other shape."""
+    shape = "a test must read 'assert f(literal, ...) == literal' or 'assert f(...) is True/False/None'"
+    try:
+        (node,) = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        raise ValueError(f"{shape}; {source!r} is not one Python statement") from None
+    compare = node.test if isinstance(node, ast.Assert) else None
+    if not (isinstance(compare, ast.Compare) and len(compare.ops) == 1 and isinstance(compare.ops[0], (ast.Eq, ast.Is))
+            and isinstance(compare.left, ast.Call) and isinstance(compare.left.func, ast.Name) and not compare.left.keywords):
+        raise ValueError(f"{shape}, got {source!r}")
+    call, op = compare.left, "is" if isinstance(compare.ops[0], ast.Is) else "=="
+    try:
+        for arg in call.args:
+            ast.literal_eval(arg)
+        expected = ast.literal_eval(compare.comparators[0])
+        expected = json.loads(json.dumps(expected))  # the same round trip the returned value takes
+    except (ValueError, TypeError, SyntaxError):
+        raise ValueError(f"{shape}: arguments and expected value must be literals, and the expected value JSON data; got {source!r}") from None
+    if op == "is" and expected not in (True, False, None):
+        raise ValueError(f"{shape}: 'is' compares with True, False or None only; got {source!r}")
+    return CodeTest(source, call.func.id, tuple(ast.unparse(arg) for arg in call.args), op, expected)
 
 
 def extract_code(text: str, entry_point: str | None = None) -> str:
     """The program in a policy turn: the last code block defining ``entry_point``, else the last
     code block, else the whole text."""
-    blocks = _CODE_BLOCK_RE.findall(text)
+    blocks = code_blocks(text)
     if entry_point:
         defining = [b for b in blocks if re.search(rf"def\s+{re.escape(entry_point)}\s*\(", b)]
         if defining:
@@ -127,8 +194,16 @@ def code_task(row: dict, where: str) -> Task:
     missing = [k for k in ("id", "entry_point", "signature", "description", "tests") if k not in row]
     if missing:
         raise DatasetError(f"{where}: code task is missing {missing}")
-    if not row["tests"] or not all(isinstance(t, str) for t in row["tests"]):
-        raise DatasetError(f"{where}: 'tests' must be a non-empty list of assert statements")
+    tests = row["tests"]
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        raise DatasetError(f"{where}: 'tests' must be a non-empty list of assert strings, got {type(tests).__name__} {str(tests)[:60]!r}")
+    for i, test in enumerate(tests):
+        try:
+            parsed = parse_test(test)
+        except ValueError as e:
+            raise DatasetError(f"{where}: test {i}: {e}") from None
+        if parsed.function != row["entry_point"]:
+            raise DatasetError(f"{where}: test {i} calls {parsed.function!r}, not the entry point {row['entry_point']!r}")
     user = f"{row['description']}\n\nComplete this function:\n```python\n{row['signature']}\n```"
     prompt = [{"role": "system", "content": CODE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
     metadata = {k: row[k] for k in ("entry_point", "signature", "description", "tests")}
@@ -140,20 +215,55 @@ def load_code_tasks(path: str | Path = CODE_TASKS) -> list[Task]:
     return [code_task(row, f"{path}, row {line_no}") for line_no, row in read_jsonl(path)]
 
 
-def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_seconds: float = 1.0, python: str | None = None) -> dict:
-    """Run ``code`` and then each assert in ``tests`` in the sandbox.
+def _returned_values(stdout: str, token: str, n: int) -> list[list] | None:
+    """The harness's report, ``[[returned, text], ...]`` for ``n`` calls, or None if missing or malformed.
 
-    Returns ``passed``, ``total``, ``results`` (one ``[ok, error]`` per test), ``error`` (one
-    line or None) and ``verdict``; see the module docstring.
+    The report is untrusted text: JSON nested too deep or with huge integers is refused
+    like any other malformed report.
     """
-    limits = limits or Limits()
+    line = next((line for line in reversed(stdout.splitlines()) if line.startswith(token)), None)
+    if line is None:
+        return None
+    try:
+        report = json.loads(line[len(token) :])
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(report, list) and len(report) == n
+            and all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], bool) and isinstance(r[1], str) for r in report)):
+        return None
+    return report
+
+
+def _judge(test: CodeTest, returned: bool, text: str) -> list:
+    """``[passed, error]`` for one call: the returned JSON text decoded here, compared by value."""
+    if not returned:
+        return [False, text]
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return [False, "returned something that is not JSON data"]
+    if test.judge(value):
+        return [True, None]
+    return [False, f"assertion failed: returned {text[:80]}"]
+
+
+def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_seconds: float = 1.0, python: str | None = None,
+              allow_unsafe: bool = False) -> dict:
+    """Run ``code`` in the sandbox, call it as each test says, judge the returned values here.
+
+    Returns ``passed``, ``total``, ``results`` (one ``[passed, error]`` per test), ``error`` (one
+    line or None) and ``verdict``; see the module docstring. A test of the wrong shape is a
+    bug in the task, not in the code: ``ValueError``.
+    """
+    parsed = [parse_test(test) for test in tests]
     token = secrets.token_hex(16)
-    files = {"solution.py": code, "tests.json": json.dumps({"tests": tests, "test_seconds": test_seconds})}
-    run = run_python(HARNESS, files=files, stdin=token + "\n", limits=limits, python=python)
+    request = {"token": token, "seconds": test_seconds, "calls": [[t.function, list(t.arguments)] for t in parsed]}
+    run = run_python(HARNESS, files={"solution.py": code}, stdin=json.dumps(request) + "\n", limits=limits or Limits(), python=python,
+                     allow_unsafe=allow_unsafe)
     report = {"passed": 0, "total": len(tests), "results": None, "error": None, "verdict": None, "wall_time": round(run.wall_time, 3)}
-    line = next((line for line in reversed(run.stdout.splitlines()) if line.startswith(token)), None)
-    if line is not None:
-        results = json.loads(line[len(token) :])
+    returned = _returned_values(run.stdout, token, len(parsed))
+    if returned is not None:
+        results = [_judge(test, ok, text) for test, (ok, text) in zip(parsed, returned)]
         report["results"] = results
         report["passed"] = sum(ok for ok, _ in results)
         errors = [error for ok, error in results if not ok]
@@ -167,55 +277,62 @@ def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_se
         else:
             report["verdict"] = "tests_failed"
         return report
-    # no results line: the sandbox stopped the program, or it exited on its own before reporting
+    # no valid report: the sandbox stopped the program, or it exited (or garbled the report) on its own
     if run.timed_out:
         report["verdict"], report["error"] = "timeout", run.error
     elif run.output_truncated:
         report["verdict"], report["error"] = "output_limit", run.error
     else:
         last = run.stderr.strip().splitlines()[-1:] or [""]
-        reason = run.error or f"the program exited with code {run.returncode} before reporting results {last[0]}".strip()
+        reason = run.error or f"the program exited with code {run.returncode} without a valid report {last[0]}".strip()
         report["verdict"], report["error"] = "error", reason[:300]
     return report
 
 
 class CodeEnv(Env):
-    """Write a function; reward = fraction of the task's asserts that pass in the sandbox.
+    """Write a function; reward = fraction of the task's tests that pass (judged outside the sandbox).
 
-    Keyword arguments: ``max_steps`` (attempts, default 1), ``test_seconds`` (per assert),
+    Keyword arguments: ``max_steps`` (attempts, default 1), ``test_seconds`` (per call),
     ``limits`` (``helpers.sandbox.Limits``), ``python`` (interpreter for the sandbox),
-    ``max_observation_chars`` (cap on the feedback message).
+    ``max_observation_chars`` (cap on the feedback message), ``allow_unsafe`` (run where
+    the sandbox has no OS boundary, with a warning at every run; else that is an error).
     """
 
     name = "code"
     tools = None
+    info_defaults = {"passed": 0, "total": 0, "error": None, "failures": []}
 
-    def __init__(self, max_steps: int = 1, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None, max_observation_chars: int = 2000):
+    def __init__(self, max_steps: int = 1, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None,
+                 max_observation_chars: int = 2000, allow_unsafe: bool = False):
+        if not allow_unsafe and not os_isolation(python):
+            raise SandboxUnavailable("CodeEnv runs model-written code and needs the sandbox's OS boundary (bwrap), which is "
+                                     "not available here (see helpers.sandbox.sandbox_layers()); install bubblewrap, or pass "
+                                     "allow_unsafe=True to run with rlimits and the audit hook only")
         super().__init__(max_steps=max_steps)
         self.test_seconds = test_seconds
         self.limits = limits or Limits()
         self.python = python
         self.max_observation_chars = max_observation_chars
-        self.info.update(passed=0, total=0, error=None, failures=[])
+        self.allow_unsafe = allow_unsafe
 
     def reset(self, task: Task) -> list[dict]:
-        if not task.metadata.get("tests"):
-            raise ValueError(f"task {task.id!r} has no metadata['tests']; CodeEnv needs HumanEval-style tasks (see load_code_tasks)")
-        messages = self._begin_episode(task)
-        self.info.update(passed=0, total=len(task.metadata["tests"]), error=None, failures=[])
+        tests = task.metadata.get("tests")
+        if not tests or not isinstance(tests, list):
+            raise ValueError(f"task {task.id!r} has no list metadata['tests']; CodeEnv needs HumanEval-style tasks (see load_code_tasks)")
+        for test in tests:
+            parse_test(test)  # a malformed test is the task's bug: say so now, not as a zero reward later
+        messages = super().reset(task)
+        self.info["total"] = len(tests)
         return messages
 
-    def step(self, action: str) -> StepResult:
-        self._check_can_step()
-        self.steps += 1
-        text = action if isinstance(action, str) else str(action)
+    def _step(self, text: str) -> StepResult:
         tests = self.task.metadata["tests"]
         code = extract_code(text, self.task.metadata.get("entry_point"))
         if not code.strip():
             self.info.update(predicted=None, verdict="no_answer", correct=False, passed=0, error="no code found", failures=[])
             return self._after_attempt(reward=0.0)
         try:
-            report = run_tests(code, tests, self.limits, self.test_seconds, self.python)
+            report = run_tests(code, tests, self.limits, self.test_seconds, self.python, self.allow_unsafe)
         except Exception as e:  # the sandbox itself failed (disk full, ...): not the policy's fault
             self.info.update(verdict="error", error=f"sandbox failed: {type(e).__name__}: {e}")
             return self._end("error")
@@ -242,7 +359,4 @@ class CodeEnv(Env):
         if self.info["failures"]:
             feedback += "\nFailing:\n" + "\n".join(self.info["failures"])
         feedback += "\nFix the function and send the complete code again."
-        cap = self.max_observation_chars
-        if len(feedback) > cap:
-            feedback = feedback[:cap] + f"\n... [truncated: {len(feedback) - cap} more characters]"
-        return StepResult([{"role": "user", "content": feedback}], 0.0, False, False, dict(self.info))
+        return StepResult([{"role": "user", "content": clip_observation(feedback, self.max_observation_chars)}], 0.0, False, False, dict(self.info))

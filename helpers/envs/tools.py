@@ -7,12 +7,18 @@
     env.step("<answer>4042</answer>")                   # no tool call: the final answer, judged as MathEnv does
 
 A turn is a *tool turn* when it contains at least one ``<tool_call>`` block
-(Qwen2.5's format, parsed by ``helpers.formats.parse_tool_calls``); every call in
-it runs and each result comes back as one ``{"role": "tool"}`` message. A turn
-without a tool call is the final answer. Nothing the model writes makes ``step``
-raise: malformed JSON, an unknown tool, a missing argument or a tool that raises
-all become an ``"error: ..."`` message the model can read, counted in
-``info["tool_errors"]``.
+(Qwen2.5's format, parsed by ``helpers.formats``); every call in it runs and each
+result comes back as one ``{"role": "tool"}`` message. A turn without a tool call is
+the final answer. Nothing the model writes makes ``step`` raise: malformed JSON (a
+5,000-digit number, JSON nested 1,000 deep), an unknown tool, a missing argument or a
+tool that raises all become an ``"error: ..."`` message the model can read, counted
+in ``info["tool_errors"]``.
+
+Parsing needs no timer, it is fast by construction: finding the blocks is one linear
+scan of the turn (``helpers.formats.tool_call_blocks``), and only the first
+``max_calls_per_step`` blocks are decoded (JSON decoding is linear too). So a turn of
+megabytes of unclosed ``<tool_call>`` tags costs milliseconds; ``step_timeout``
+bounds the tools themselves.
 
 Limits (all keyword arguments of the env):
 
@@ -44,9 +50,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from helpers.envs.base import Env, StepResult
-from helpers.envs.math_env import judge_answer
-from helpers.formats import ToolCall, parse_tool_calls
+from helpers.envs.base import Env, StepResult, clip_observation
+from helpers.formats import ToolCall, parse_tool_call, tool_call_blocks
 
 
 @dataclass
@@ -104,6 +109,7 @@ class ToolEnv(Env):
     """Multi-turn env with any list of ``Tool``s; the final answer is judged like MathEnv."""
 
     name = "tools"
+    info_defaults = {"strict_format": False}
 
     def __init__(
         self,
@@ -124,35 +130,26 @@ class ToolEnv(Env):
         self.episode_timeout = episode_timeout
         self.max_observation_chars = max_observation_chars
         self.max_calls_per_step = max_calls_per_step
-        self.info["strict_format"] = False
 
-    def reset(self, task) -> list[dict]:
-        messages = self._begin_episode(task)
-        self.info["strict_format"] = False
-        return messages
-
-    def step(self, action: str) -> StepResult:
-        self._check_can_step()
-        self.steps += 1
-        text = action if isinstance(action, str) else str(action)
+    def _step(self, text: str) -> StepResult:
         now = time.monotonic()
         episode_deadline = self.started + self.episode_timeout if self.episode_timeout is not None else float("inf")
         if now > episode_deadline:
             return self._limit("timeout", f"episode ran longer than episode_timeout={self.episode_timeout} s")
 
-        calls = parse_tool_calls(text)
-        if not calls:  # no tool call: this is the final answer
-            self.info.update(judge_answer(text, self.task.answer))
-            return self._end("answered", reward=1.0 if self.info["correct"] else 0.0)
+        blocks = tool_call_blocks(text)
+        if not blocks:  # no tool call: this is the final answer
+            return self._answered(text)
 
         step_deadline = min(now + self.step_timeout, episode_deadline)
         messages = []
-        for i, call in enumerate(calls):
+        for i, raw in enumerate(blocks):
             if i == self.max_calls_per_step:
-                skipped = len(calls) - i
+                skipped = len(blocks) - i
                 messages.append(self._tool_message(f"error: at most {self.max_calls_per_step} tool calls per turn; {skipped} skipped"))
                 break
             self.info["tool_calls"] += 1
+            call = parse_tool_call(raw)
             finished, result = self._run(call, timeout=step_deadline - time.monotonic())
             if not finished:
                 self.info["tool_errors"] += 1
@@ -181,10 +178,7 @@ class ToolEnv(Env):
     def _tool_message(self, result: str) -> dict:
         if result.startswith("error:"):
             self.info["tool_errors"] += 1
-        cap = self.max_observation_chars
-        if len(result) > cap:
-            result = result[:cap] + f"\n... [truncated: {len(result) - cap} more characters]"
-        return {"role": "tool", "content": result}
+        return {"role": "tool", "content": clip_observation(result, self.max_observation_chars)}
 
     def _limit(self, stop_reason: str, why: str) -> StepResult:
         """End the episode because a limit was hit; the policy never answered."""

@@ -1,11 +1,54 @@
 """Policies (采样模块): what the rollout asks for the next assistant turn.
 
-    from helpers.policy import HFPolicy, SamplingParams
+    from helpers.policy import HFPolicy, SamplingParams, load_model, make_policy
+    model, tokenizer = load_model(config)               # a local folder (data/tiny) or a hub id
+    policy = make_policy(config, model, tokenizer)      # config.backend: "hf" (transformers) or "vllm"
     policy = HFPolicy(model, tokenizer)                 # transformers, CPU or GPU
-    policy = VLLMPolicy(...)                            # helpers.policy.vllm, GPU only (imported lazily)
+    policy = VLLMPolicy(...)                            # helpers.policy.vllm (imported lazily)
 """
 
+from helpers.config import TrainConfig
+from helpers.paths import ROOT
 from helpers.policy.base import Generation, Policy, SamplingParams, ScriptedPolicy
 from helpers.policy.hf import HFPolicy
 
-__all__ = ["Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy"]
+BACKENDS = ("hf", "vllm")
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; any other name as it is."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def load_model(config: TrainConfig):
+    """``(model, tokenizer)`` from a local folder (relative to the repo root) or a hub id, in ``config.dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = ROOT / config.model
+    source = str(local) if local.exists() else config.model
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, config.dtype))
+    return model, AutoTokenizer.from_pretrained(source)
+
+
+def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
+    """The rollout backend of ``config.backend``: transformers on ``model`` itself, or a vLLM
+    engine on the same weights that starts from ``model``'s adapter (its B = 0 at the start
+    of a run: the base model's outputs)."""
+    if config.backend == "hf":
+        return HFPolicy(model, tokenizer)
+    if config.backend == "vllm":
+        from helpers.policy.vllm import VLLMPolicy
+
+        policy = VLLMPolicy.from_config(config, tokenizer)
+        policy.sync(model)
+        return policy
+    raise ValueError(f"unknown backend {config.backend!r}; choose from {BACKENDS}")
+
+
+__all__ = ["BACKENDS", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_model",
+           "make_policy", "resolve_device"]

@@ -39,11 +39,20 @@ class Generation:
 
 
 class Policy(Protocol):
+    """What the rollout asks of a backend: ``generate``. What the training loop asks too:
+    ``sleep()`` before each update (free the accelerator for the trainer) and ``sync(model)``
+    after it (sample from the updated adapter from now on). ``HFPolicy`` samples with the
+    trainer's own model, so both are no-ops there; ``VLLMPolicy`` does real work in both."""
+
     tokenizer: object
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation for each prompt (a list of token ids)."""
         ...
+
+    def sleep(self) -> None: ...
+
+    def sync(self, model) -> None: ...
 
 
 class ScriptedPolicy:

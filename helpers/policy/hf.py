@@ -49,7 +49,10 @@ from helpers.policy.base import Generation, SamplingParams
 
 
 class HFPolicy:
-    """A ``Policy`` over a transformers causal LM (a peft-wrapped one works too)."""
+    """A ``Policy`` over a transformers causal LM (a peft-wrapped one works too).
+
+    Taught in notebooks/03_rollout.ipynb §2.
+    """
 
     def __init__(self, model, tokenizer, device: str | torch.device | None = None):
         self.model = model
@@ -59,6 +62,14 @@ class HFPolicy:
         # transformers 5 renamed forward(past_key_values=) to forward(cache=); ask the unwrapped (non-peft) model.
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+    # The loop calls these around every update (vLLM frees its memory and takes the new
+    # adapter). This policy samples with the trainer's own model: nothing to free, nothing to copy.
+    def sleep(self) -> None:
+        """Before the update: nothing to do (the trainer's model is the policy)."""
+
+    def sync(self, model) -> None:
+        """After the update: nothing to do (the updated adapter is already the one sampling)."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

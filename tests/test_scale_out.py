@@ -1,0 +1,146 @@
+"""The scale-out script for real: TRL + accelerate, two CPU training processes, the tiny world.
+
+* The command the README documents runs to the end and saves the adapter.
+* Two processes make the same update as one: the same batch (recorded from a one-process
+  run, then replayed with each process taking its share) gives the same adapter weights
+  after one optimizer step, within 1e-5. That is what ``helpers.trl_compat.batch_split``
+  promises (one step still sees ``tasks_per_step x G`` completions), and what DDP's
+  gradient averaging and TRL's loss normaliser must deliver together.
+* A process count that does not fit the batch is refused before anything is loaded, with
+  the counts that do fit.
+
+Run as a file under ``accelerate launch``, this module is also the driver of the
+equality check (``driver`` below): the script's own ``build_trainer``, with TRL's
+generation replaced by the recorded batch.
+"""
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The command README.md shows for the CPU scale-out run (2 processes, each 1 micro-batch of 2 completions).
+README_COMMAND = "accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-cpu-smoke --grad-accum 2"
+# The equality check: the tiny world's tasks, 4 x G = 4 completions per step in 2 micro-batches. Its rewards, plus
+# strict format at weight 0.5: single-turn (no calculator), the untrained adapter is rarely right, but it often
+# answers in the asked-for format, so the batch has a learning signal. lr: one step moves far beyond the tolerance.
+EQUALITY_FLAGS = ["--preset", "tiny-cpu", "--rewards", "correct=1.0,format=0.5", "--tasks-per-step", "4",
+                  "--num-generations", "4", "--grad-accum", "2", "--max-new-tokens", "32", "--steps", "1", "--lr", "1e-2",
+                  "--save-every", "0"]
+TOLERANCE = 1e-5
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("trl_multi_gpu", ROOT / "scripts" / "trl_multi_gpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def launch(command: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a command from the repository root, one torch thread per process (2 shared cores)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{shlex.join(command)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def test_the_readme_command_trains_on_two_cpu_processes(tmp_path):
+    launch(shlex.split(README_COMMAND) + ["--output-dir", str(tmp_path / "trl")])
+    assert (tmp_path / "trl" / "adapter_config.json").exists()  # the LoRA adapter, as notebook 07 loads it
+
+
+def test_two_processes_make_the_same_update_as_one(tmp_path):
+    import torch
+
+    batch = tmp_path / "batch.pt"
+    accelerate = ["accelerate", "launch", "--cpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    driver = [str(Path(__file__)), *EQUALITY_FLAGS, "--batch", str(batch)]
+    launch(accelerate + ["--num_processes", "1", *driver, "--record", "--weights", str(tmp_path / "one.pt")])
+    launch(accelerate + ["--num_processes", "2", *driver, "--weights", str(tmp_path / "two.pt")])
+
+    recorded = torch.load(batch)
+    assert recorded["advantages"].abs().sum() > 0  # the batch carries a learning signal (the update is not zero)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert one["before"].keys() == two["before"].keys()
+    assert all(torch.equal(one["before"][k], two["before"][k]) for k in one["before"])  # same LoRA initialisation
+    moved = max((one["after"][k] - one["before"][k]).abs().max().item() for k in one["after"])
+    diff = max((one["after"][k] - two["after"][k]).abs().max().item() for k in one["after"])
+    print(f"one step: adapter moved up to {moved:.1e}; 1 vs 2 processes differ by at most {diff:.1e}")
+    assert moved > 1000 * TOLERANCE
+    assert diff < TOLERANCE
+
+
+def test_a_process_count_that_does_not_fit_says_which_do(monkeypatch):
+    script = load_script()
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setattr(script, "build_trainer", lambda *a, **k: pytest.fail("loaded before checking the batch split"))
+    with pytest.raises(ValueError, match=r"possible process counts: \[1, 2, 4, 8, 16\]"):
+        script.main(["--preset", "gsm8k-24gb"])  # 16 micro-batches cannot be shared by 3 processes
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver: run under accelerate launch by test_two_processes_make_the_same_update_as_one
+# ----------------------------------------------------------------------------------------------
+
+
+def driver(argv: list[str]) -> None:
+    """One optimizer step of the script's trainer on a fixed batch; rank 0 saves the LoRA weights
+    before and after. ``--record`` (one process): sample the batch with TRL and save it.
+    Otherwise: load it, and let process r train on its r-th share, as TRL's sampler would split it."""
+    import argparse
+
+    import torch
+
+    from helpers.config import get_preset
+    from helpers.train import build_parser
+
+    parser = build_parser()
+    parser.add_argument("--batch", required=True)
+    parser.add_argument("--weights", required=True)
+    parser.add_argument("--record", action="store_true")
+    args = vars(parser.parse_args(argv))
+    batch, weights, record = args.pop("batch"), args.pop("weights"), args.pop("record")
+    config = get_preset(args.pop("preset"), **args)
+    script = load_script()
+    trainer = script.build_trainer(config, str(Path(weights).parent / "trl"), script.world_size(), use_vllm=False)
+    rank, processes = trainer.accelerator.process_index, trainer.accelerator.num_processes
+
+    if record:
+        assert processes == 1, "record the batch with one process"
+        generate_and_score = trainer._generate_and_score_completions
+
+        def recorded(rows):
+            out = generate_and_score(rows)
+            torch.save(out, batch)
+            return out
+
+        trainer._generate_and_score_completions = recorded
+    else:
+        fixed = torch.load(batch)
+        n = len(fixed["advantages"])
+        share = n // processes
+
+        def replayed(rows):  # this process's rows of the recorded batch; the global token count stays as it was
+            return {k: v[rank * share : (rank + 1) * share] if torch.is_tensor(v) and v.dim() > 0 and len(v) == n else v
+                    for k, v in fixed.items()}
+
+        trainer._generate_and_score_completions = replayed
+
+    def lora():
+        return {k: p.detach().clone() for k, p in trainer.model.named_parameters() if "lora_" in k}
+
+    before = lora()
+    trainer.train()
+    if rank == 0:
+        torch.save({"before": before, "after": lora()}, weights)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    driver(sys.argv[1:])

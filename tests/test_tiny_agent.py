@@ -1,0 +1,186 @@
+"""The multi-step tiny world: tasks and splits, the shop env and its bad input, the sloppy
+demonstrations and how failures are told apart, the shipped checkpoint."""
+
+import json
+import random
+
+import pytest
+
+from helpers.calculator import calculate
+from helpers.data import Task, load_dataset
+from helpers.envs import check_env, make_env
+from helpers.envs.shop import ShopEnv
+from helpers.formats import format_tool_call
+from helpers.paths import ROOT
+from helpers.policy.base import ScriptedPolicy
+from helpers.rollout import rollout
+from helpers.tiny import load_tokenizer
+from helpers.tiny_agent import (
+    AGENT_DIR, EPISODE, FLAWS, HABITS, ITEMS, SPLITS, build, demonstration, demonstrator_flaw, failure_kind, make_agent_tasks,
+)
+
+
+def lookup(item):
+    return format_tool_call("lookup", {"item": item})
+
+
+def calculator(expression):
+    return format_tool_call("calculator", {"expression": expression})
+
+
+def solution(task):
+    """The clean plan: lookup, lookup, calculator, answer."""
+    (a, _), (b, _) = task.metadata["order"]
+    return [lookup(a), lookup(b), calculator(task.metadata["expression"]), f"<answer>{task.answer}</answer>"]
+
+
+@pytest.fixture(scope="module")
+def task():
+    return make_agent_tasks(1, seed=0, split="test")[0]
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+
+def test_tasks_are_seeded_and_priced_per_task():
+    tasks = make_agent_tasks(50, seed=3, split="train")
+    assert [t.id for t in tasks] == [t.id for t in make_agent_tasks(50, seed=3, split="train")]
+    assert [t.id for t in tasks] != [t.id for t in make_agent_tasks(50, seed=4, split="train")]
+    assert len({t.id for t in tasks}) == 50
+    for t in tasks:
+        (a, qa), (b, qb) = t.metadata["order"]
+        assert a != b and set(t.metadata["prices"]) == set(ITEMS)
+        assert t.prompt[-1]["content"] == f"What do {qa} {a}s and {qb} {b}s cost?"
+        assert calculate(t.metadata["expression"]) == t.answer == str(qa * t.metadata["prices"][a] + qb * t.metadata["prices"][b])
+        assert str(t.metadata["prices"][a]) not in t.prompt[-1]["content"].split()  # the prices are never shown
+    assert len({json.dumps(t.metadata["prices"], sort_keys=True) for t in tasks}) == 50  # drawn per task: nothing to memorise
+
+
+def test_splits_never_overlap_across_seeds():
+    questions = {split: {t.prompt[-1]["content"] for seed in (0, 1) for t in make_agent_tasks(400, seed, split)} for split in SPLITS}
+    assert not questions["train"] & questions["validation"]
+    assert not questions["train"] & questions["test"]
+    assert not questions["validation"] & questions["test"]
+
+
+def test_bad_split_or_too_many_tasks_say_so():
+    with pytest.raises(ValueError, match="unknown split"):
+        make_agent_tasks(3, split="dev")
+    with pytest.raises(ValueError, match="the split has only about"):
+        make_agent_tasks(5000, split="test")
+
+
+def test_registered_dataset():
+    assert [t.id for t in load_dataset("tiny-agent", "test", 8, seed=0)] == [t.id for t in make_agent_tasks(8, 0, "test")]
+
+
+# --- the env ---------------------------------------------------------------------------------
+
+
+def play(env, task, actions):
+    """Step ``actions`` until the episode ends; the results."""
+    env.reset(task)
+    results = []
+    for action in actions:
+        results.append(env.step(action))
+        if results[-1].done:
+            break
+    return results
+
+
+def test_the_plan_earns_the_reward(task):
+    env = make_env("shop", max_steps=EPISODE["max_steps"])
+    results = play(env, task, solution(task))
+    (a, _), (b, _) = task.metadata["order"]
+    assert [r.observation[0]["content"] for r in results[:3]] == [str(task.metadata["prices"][a]), str(task.metadata["prices"][b]), task.answer]
+    assert results[-1].reward == 1.0 and results[-1].info["stop_reason"] == "answered" and results[-1].info["tool_calls"] == 3
+    assert check_env(env, make_agent_tasks(4, seed=0, split="test"), solver=solution) == []
+
+
+def test_a_tool_the_env_does_not_offer(task):
+    result = play(ShopEnv(), task, [format_tool_call("search", {"query": "pen price"})])[0]
+    assert not result.done
+    assert result.observation[0]["content"] == "error: unknown tool 'search'; available: lookup, calculator"
+    assert result.info["tool_errors"] == 1
+
+
+def test_an_item_the_shop_does_not_sell(task):
+    for item in ["pens", "3*47", 12]:
+        result = play(ShopEnv(), task, [format_tool_call("lookup", {"item": item})])[0]
+        text = result.observation[0]["content"]
+        assert text.startswith(f"error: the shop has no {str(item)!r}; it sells: bag, ball, book"), text
+
+
+def test_tool_results_never_read_end_cleanly(task):
+    (a, _), _ = task.metadata["order"]
+    # a call and an answer in one turn: the answer is ignored (the model has not seen the result yet)
+    first = play(ShopEnv(), task, [lookup(a) + f"\n<answer>{task.answer}</answer>"])[0]
+    assert not first.done and first.observation[0]["role"] == "tool"
+    # answering without the looked-up price: judged as any answer, a named verdict
+    last = play(ShopEnv(), task, [lookup(a), "<answer>123</answer>"])[-1]
+    assert last.info["stop_reason"] == "answered" and last.info["verdict"] == "wrong_number" and last.reward == 0.0
+    # calling again and again, never answering: the step limit ends it
+    last = play(ShopEnv(max_steps=3), task, [lookup(a)] * 10)[-1]
+    assert last.truncated and last.info["stop_reason"] == "max_steps" and last.info["verdict"] == "no_answer"
+
+
+def test_a_task_without_prices_is_a_caller_error():
+    with pytest.raises(ValueError, match=r"metadata\['prices'\]"):
+        ShopEnv().reset(Task("no-shop", [{"role": "user", "content": "What do 2 pens cost?"}], "10"))
+
+
+# --- demonstrations and failure kinds ----------------------------------------------------------
+
+
+def test_habits_make_the_flaws():
+    rng = random.Random(0)
+    tasks = make_agent_tasks(2000, seed=0, split="train")
+    flaws = [(HABITS.get(t.metadata["order"][1][0]), demonstrator_flaw(t, rng)) for t in tasks]
+    with_habit = [habit == flaw for habit, flaw in flaws if habit is not None]
+    assert 0.6 < sum(with_habit) / len(with_habit) < 0.8
+    clean = [flaw is None for habit, flaw in flaws if habit is None]
+    assert 0.7 < sum(clean) / len(clean) < 0.9
+
+
+@pytest.mark.parametrize("flaw", [None, *FLAWS])
+def test_each_demonstration_fails_as_its_flaw(task, flaw):
+    """Replay a demonstration through the real rollout loop; failure_kind names the flaw it was made with."""
+    messages = demonstration(task, flaw, random.Random(1))
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    policy = ScriptedPolicy(load_tokenizer(AGENT_DIR), replies)
+    (episode,) = rollout([task], "shop", policy, group_size=1, progress=False,
+                         max_steps=EPISODE["max_steps"], max_total_tokens=EPISODE["max_total_tokens"])
+    assert episode.messages == messages  # the demonstration is exactly what the env answers
+    assert failure_kind(episode) == (flaw or "correct")
+
+
+def test_a_looping_agent_is_truncated(task):
+    policy = ScriptedPolicy(load_tokenizer(AGENT_DIR), [lookup("pen")])
+    (episode,) = rollout([task], "shop", policy, group_size=1, progress=False, max_steps=EPISODE["max_steps"], max_total_tokens=320)
+    assert episode.stop_reason == "max_steps" and failure_kind(episode) == "truncated"
+
+
+# --- the shipped checkpoint --------------------------------------------------------------------
+
+
+def test_shipped_baseline_is_a_weak_agent():
+    result = json.loads((AGENT_DIR / "baseline.json").read_text())
+    for mode in ("greedy", "sampled"):
+        assert result[mode]["split"] == "validation"
+        assert result[mode]["success"] <= 0.35, (mode, result[mode])
+        assert sum(result[mode]["failures"].values()) == result[mode]["n"]
+    assert result["greedy"]["temperature"] == 0.0 and result["sampled"]["temperature"] == 1.0
+    assert set(FLAWS) <= set(result["sampled"]["failures"])  # the SFT agent makes every kind of mistake
+    assert result["build_wall_s"] < 600
+
+
+def test_data_folder_is_small():
+    size = sum(f.stat().st_size for f in (ROOT / "data").rglob("*") if f.is_file())
+    assert size <= 16e6, f"data/ is {size / 1e6:.1f} MB"
+
+
+def test_build_is_deterministic(tmp_path, one_thread):
+    small = dict(train_tasks=40, steps=2, batch_size=4, eval_tasks=2, progress=False)
+    first, second = build(tmp_path / "a", **small), build(tmp_path / "b", **small)
+    assert first["sft_loss_every_50_steps"] == second["sft_loss_every_50_steps"]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
