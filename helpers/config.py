@@ -266,3 +266,43 @@ def tiny_agent() -> TrainConfig:
 
 
 PRESETS.update({"tiny-agent": tiny_agent})
+
+
+def tiny_selfplay():
+    """Self-play on the one-call world (``helpers.selfplay``): the policy proposes its own tasks.
+
+    No dataset: each step the proposer writes G = 8 tasks, the solver attempts each valid one
+    8 times (up to 64 episodes, like tiny-cpu), and both roles are trained in one update.
+    The held-out set is fixed (the "selfplay" test split, difficulty 2-6) for every seed.
+    """
+    from helpers.selfplay import SelfPlayConfig
+
+    return SelfPlayConfig(**vars(tiny_selfplay_fixed()), proposer_groups=1)
+
+
+def tiny_selfplay_fixed() -> TrainConfig:
+    """The comparison for tiny-selfplay: the same model, compute and held-out set, trained by the
+    main loop on a fixed dataset of the same grammar (8 tasks x G = 8 per step)."""
+    return TrainConfig(
+        model="data/tiny-selfplay",  # the warm start that knows both roles (python -m helpers.selfplay build)
+        device="cpu",
+        dataset="selfplay",  # test: the fixed held-out set; train: 2,000 tasks (the fixed run only)
+        env="calculator",
+        lr=5e-3,  # tiny-cpu's rate: a rank-8 adapter on the tiny model
+        lora_r=8,
+        lora_alpha=16,
+        steps=40,
+        tasks_per_step=8,
+        num_generations=8,  # G, and P (proposals per proposer prompt)
+        max_new_tokens=48,
+        max_total_tokens=192,
+        eval_every=10,
+        eval_tasks=64,
+        pass_k=0,  # greedy held-out success only: pass@k would cost k episodes per task
+        save_every=10,
+        log_trajectories_every=10,
+        skip_zero_spread=True,  # groups all solved (or all failed) carry no signal: skip them
+    )
+
+
+PRESETS.update({"tiny-selfplay": tiny_selfplay, "tiny-selfplay-fixed": tiny_selfplay_fixed})

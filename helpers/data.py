@@ -247,7 +247,7 @@ def load_gsm8k(
 DatasetLoader = Callable[[str, "int | None", int], "list[Task]"]
 DATASETS: dict[str, DatasetLoader] = {}
 DATASET_SPLITS = ("train", "validation", "test")
-DATASET_MODULES = ("helpers.tiny", "helpers.tiny_agent")  # modules that register more datasets; imported on first use
+DATASET_MODULES = ("helpers.tiny", "helpers.tiny_agent", "helpers.selfplay")  # modules that register more datasets; imported on first use
 
 
 def register_dataset(name: str):

@@ -29,6 +29,7 @@ an env "covers" parsing: parsing is fast by construction, so it needs no timer.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -238,11 +239,15 @@ def _math_verify_equal(reference: str, predicted: str) -> bool:
     """math-verify's symbolic check (``\\frac{1}{2}`` == ``0.5``); False if it cannot decide.
 
     math-verify times out with ``signal.alarm``, which only works in the main thread; in
-    a worker thread we turn its timeout off and rely on the short-input cap instead.
+    a worker thread we turn its timeout off and rely on the short-input cap instead (and
+    silence the warning math-verify logs about it once per process: we chose it).
     """
     from math_verify import parse, verify  # sympy is slow to import: only when needed
 
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    if timeout is None:
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         gold = parse(f"${reference}$", parsing_timeout=timeout)
         pred = parse(f"${predicted}$", parsing_timeout=timeout)

@@ -76,42 +76,42 @@ BILLS = range(100, 1000)  # three digits (prices are redrawn until the bill fits
 EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~150 tokens
 
 
-def question(first: tuple[str, int], second: tuple[str, int]) -> str:
-    (a, qa), (b, qb) = first, second
-    return f"What do {qa} {a}s and {qb} {b}s cost?"
+def question(order: list[tuple[str, int]]) -> str:
+    """ "What do 3 pens and 2 cups cost?" for order [("pen", 3), ("cup", 2)]."""
+    return "What do " + " and ".join(f"{quantity} {item}s" for item, quantity in order) + " cost?"
 
 
-def make_agent_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
-    """``n`` distinct shop tasks of one split, drawn from ``seed``.
+def make_agent_tasks(n: int, seed: int = 0, split: str = "train", items: int = 2) -> list[Task]:
+    """``n`` distinct shop tasks of one split, drawn from ``seed``, each naming ``items`` items
+    (2: the world's tasks; 1: the easier questions the demonstrations also hold).
 
     The split is a hash of the question (``helpers.tiny.split_of``): a question the model
     is tested on is never one it trained on, whatever the seed. Each task draws a fresh
-    price for every item; ``metadata`` holds ``order`` (the two (item, quantity) pairs),
-    ``prices`` (all twelve, read only by the env) and the ``expression`` that solves it.
-    A split holds about ``SPLITS[split] * 8448`` distinct questions (~845 for test).
+    price for every item, so a question may come again with other prices (a split holds
+    about ``SPLITS[split] * 8448`` two-item questions, ~845 for test). ``metadata`` holds
+    ``order`` (the (item, quantity) pairs), ``prices`` (all twelve, read only by the env)
+    and the ``expression`` that solves it.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
-    available = SPLITS[split] * len(ITEMS) * (len(ITEMS) - 1) * len(QUANTITIES) ** 2
-    if n > 0.9 * available:
-        raise ValueError(f"asked for {n} {split} tasks; the split has only about {available:.0f}")
-    rng = random.Random(f"tiny-agent-{seed}-{split}")
-    tasks, seen = [], set()
+    if items not in (1, 2):
+        raise ValueError(f"a question names 1 or 2 items, not {items}")
+    rng = random.Random(f"tiny-agent-{seed}-{split}-{items}")
+    tasks = []
     while len(tasks) < n:
-        a, b = rng.sample(ITEMS, 2)
-        order = ((a, rng.choice(QUANTITIES)), (b, rng.choice(QUANTITIES)))
-        text = question(*order)
-        if text in seen or split_of(text) != split:
+        order = [(item, rng.choice(QUANTITIES)) for item in rng.sample(ITEMS, items)]
+        text = question(order)
+        if split_of(text) != split:
             continue
-        seen.add(text)
-        (_, qa), (_, qb) = order
         prices = {item: rng.choice(PRICES) for item in ITEMS}
-        while qa * prices[a] + qb * prices[b] not in BILLS:
-            prices[a], prices[b] = rng.choice(PRICES), rng.choice(PRICES)
-        expression = f"{qa}*{prices[a]}+{qb}*{prices[b]}"
+        while sum(quantity * prices[item] for item, quantity in order) not in BILLS:
+            for item, _ in order:
+                prices[item] = rng.choice(PRICES)
+        expression = "+".join(f"{quantity}*{prices[item]}" for item, quantity in order)
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
         metadata = {"order": [list(pair) for pair in order], "prices": prices, "expression": expression}
-        tasks.append(Task(f"tiny-agent-{split}-{qa}{a}-{qb}{b}", prompt, str(qa * prices[a] + qb * prices[b]), metadata))
+        bill = sum(quantity * prices[item] for item, quantity in order)
+        tasks.append(Task(f"tiny-agent-{split}-{seed}-{items}-{len(tasks):05d}", prompt, str(bill), metadata))
     return tasks
 
 
@@ -136,7 +136,10 @@ COPY_ERROR_RATE = 0.08  # one digit of the calculator expression miscopied, in a
 
 
 def demonstrator_flaw(task: Task, rng: random.Random) -> str | None:
-    """The flaw the demonstrator makes on ``task`` this time, or None (a clean solution)."""
+    """The flaw the demonstrator makes on ``task`` this time, or None (a clean solution).
+    One-item questions it always solves cleanly: every flaw is about the second item."""
+    if len(task.metadata["order"]) < 2:
+        return None
     habit = HABITS.get(task.metadata["order"][1][0])
     if habit is not None and rng.random() < HABIT_RATE:
         return habit
@@ -165,17 +168,16 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
         messages.extend(observation)
         return observation[0]["content"] if observation else None
 
-    (a, qa), (b, qb) = task.metadata["order"]
-    price_a = act(format_tool_call("lookup", {"item": a}))
-    if flaw == "stopped_early":
-        act(f"<answer>{rng.randint(100, 999)}</answer>")  # a guess: it never looked up the second price
+    order = task.metadata["order"]
+    prices = [act(format_tool_call("lookup", {"item": order[0][0]}))]
+    if flaw in ("stopped_early", "wrong_tool"):
+        if flaw == "wrong_tool":
+            act(format_tool_call("calculator", {"expression": order[1][0]}))  # -> "error: names are not allowed: 'cup'"
+        act(f"<answer>{prices[0]}</answer>")  # gives up with the one price it has
         return messages
-    if flaw == "wrong_tool":
-        act(format_tool_call("calculator", {"expression": b}))  # -> "error: names are not allowed: 'cup'"
-        act(f"<answer>{rng.randint(100, 999)}</answer>")
-        return messages
-    price_b = str(rng.choice(PRICES)) if flaw == "skipped_lookup" else act(format_tool_call("lookup", {"item": b}))
-    expression = f"{qa}*{price_a}+{qb}*{price_b}"
+    for item, _ in order[1:]:  # "skipped_lookup" assumes the next item costs what the first did
+        prices.append(prices[0] if flaw == "skipped_lookup" else act(format_tool_call("lookup", {"item": item})))
+    expression = "+".join(f"{quantity}*{price}" for (_, quantity), price in zip(order, prices))
     if flaw == "copy_error":
         expression = miscopy(expression, rng)
     total = act(format_tool_call("calculator", {"expression": expression}))

@@ -156,6 +156,10 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
 
     Taught in notebooks/06_training_loop.ipynb §2.
     """
+    if getattr(config, "loop", "grpo") == "selfplay":  # the same parts, another loop (notebooks/09_self_play.ipynb)
+        from helpers.selfplay import train_selfplay
+
+        return train_selfplay(config, preset_name, live)
     import torch
 
     from helpers.data import TaskSampler, load_dataset, write_jsonl

@@ -1,20 +1,63 @@
 #!/usr/bin/env bash
-# GPU check: the tiny-world training run on a GPU, transformers backend, bf16; records the
-# step time and the peak GPU memory next to helpers.memory's prediction for the same config.
+# The first GPU run, prepared: everything the project can only check on a GPU, in one script, < 10 min.
 #
-#     bash scripts/gpu_check.sh                  # on a machine with a CUDA GPU (about a minute)
-#     DEVICE=cpu STEPS=3 EVAL_TASKS=8 bash scripts/gpu_check.sh   # on a CPU, float32: checks the plumbing
+#     bash scripts/gpu_check.sh                                    # on a machine with a CUDA GPU
+#     bash scripts/gpu_check.sh --device cpu --steps 2 --backends hf --no-tests   # a CPU: the plumbing only
 #
-# Writes gpu_check.json (and the run folder) under $OUT, or runs/gpu_check when $OUT is unset.
-# Peak memory is torch's max_memory_allocated/reserved for this process; the plan's
-# "peak" also counts a rough constant for the CUDA context, shown apart so they compare.
+# 1. The tiny world's training run with each backend (transformers, then vLLM), bf16 where the
+#    card has it (else the trainer in float32 and vLLM in float16, as the T4 preset does): the
+#    median step time (rollout, update) and the peak memory, beside helpers.memory's prediction
+#    for the same config. Two peaks are measured: the trainer process's own (torch's
+#    max_memory_reserved) and the whole card's (total - free, read after every step), which
+#    also holds vLLM's engine process and what it reserved.
+# 2. The vLLM parity tests (tests/test_vllm_engine.py) on CUDA: per-token log-probs of vLLM
+#    vs transformers within 1e-4, LoRA versions, seeds, a short training run.
+# Writes one file, gpu_check.json, under --out (default: $OUT, else runs/gpu_check), and the
+# runs' folders and the test log beside it.
+#
+# Options:
+#   --device cuda|cpu     where to run (default cuda; cpu checks the plumbing, in float32)
+#   --steps N             training steps per backend (default 10; the first is warm-up, not timed)
+#   --backends LIST       comma-separated, from hf,vllm (default hf,vllm)
+#   --no-tests            skip the parity tests
+#   --out DIR             output folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OUT_DIR="${OUT:-runs/gpu_check}"
-export DEVICE="${DEVICE:-cuda}"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+DEVICE=cuda STEPS=10 BACKENDS=hf,vllm TESTS=1 OUT_DIR="${OUT:-runs/gpu_check}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --device) DEVICE="${2:?--device needs a value}"; shift 2 ;;
+    --steps) STEPS="${2:?--steps needs a value}"; shift 2 ;;
+    --backends) BACKENDS="${2:?--backends needs a value}"; shift 2 ;;
+    --no-tests) TESTS=0; shift ;;
+    --out) OUT_DIR="${2:?--out needs a value}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { echo "--device must be cuda or cpu, got $DEVICE" >&2; exit 2; }
+[[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || { echo "--steps must be an integer >= 2, got $STEPS" >&2; exit 2; }
+for b in ${BACKENDS//,/ }; do
+  [[ "$b" == hf || "$b" == vllm ]] || { echo "--backends: unknown backend $b (choose from hf,vllm)" >&2; exit 2; }
+done
 mkdir -p "$OUT_DIR"
+export DEVICE STEPS BACKENDS OUT_DIR
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "nvidia-smi: not available"
 
+# --- 2. the parity tests on this device (run first: a failure here explains a strange number below) ---
+TESTS_RC=skipped
+if [[ "$TESTS" == 1 ]]; then
+  set +e
+  timeout 420 python -m pytest tests/test_vllm_engine.py -q -rA -p no:cacheprovider -o addopts="" > "$OUT_DIR/parity_tests.log" 2>&1
+  TESTS_RC=$?
+  set -e
+  tail -n 5 "$OUT_DIR/parity_tests.log"
+fi
+export TESTS_RC
+
+# --- 1. the tiny world with each backend; then everything into gpu_check.json ---
 python - <<'PY'
 import json, os, statistics, time
 from pathlib import Path
@@ -22,46 +65,90 @@ from pathlib import Path
 import torch
 
 from helpers.config import get_preset
-from helpers.memory import TRAINER_OVERHEAD_GIB, GIB, memory_plan
+from helpers.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
 from helpers.notebook import show_versions
 from helpers.train import train
 
 show_versions()
 device, out = os.environ["DEVICE"], Path(os.environ["OUT_DIR"]).resolve()
 if device == "cuda" and not torch.cuda.is_available():
-    raise SystemExit("no CUDA GPU here: run with DEVICE=cpu to check the plumbing only")
-dtype = "bfloat16" if device == "cuda" else "float32"
-steps, eval_tasks = int(os.environ.get("STEPS", 10)), int(os.environ.get("EVAL_TASKS", 64))
-config = get_preset("tiny-cpu", device=device, dtype=dtype, steps=steps, eval_every=0, eval_tasks=eval_tasks, pass_k=0,
-                    save_every=0, out_dir=str(out / "run"))
-gpu_gb = torch.cuda.get_device_properties(0).total_memory / GIB if device == "cuda" else 24.0
-plan = memory_plan(config, gpu_gb)
-print(plan)
+    raise SystemExit("no CUDA GPU here: run with --device cpu to check the plumbing only")
+on_gpu = device == "cuda"
+if not on_gpu:
+    dtype, vllm_dtype = "float32", None
+elif torch.cuda.is_bf16_supported():
+    dtype, vllm_dtype = "bfloat16", None
+else:  # a T4: no bf16; the trainer in float32, vLLM in float16 (the gsm8k-t4 preset's choice)
+    dtype, vllm_dtype = "float32", "float16"
+gpu_gb = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else 24.0
 
-if device == "cuda":
-    torch.cuda.reset_peak_memory_stats()
-t0 = time.perf_counter()
-result = train(config, preset_name="gpu-check")
-wall = time.perf_counter() - t0
-steps = [m for m in result.history if m["step"] >= 2 and "t_update" in m]  # step 1 includes warm-up (kernels, allocator)
-step_s = [m["t_rollout"] + m["t_reward"] + m["t_update"] for m in steps]
-record = {
-    "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-    "dtype": dtype,
-    "torch": torch.__version__,
-    "steps": config.steps,
-    "median_step_s": statistics.median(step_s),
-    "median_rollout_s": statistics.median(m["t_rollout"] for m in steps),
-    "median_update_s": statistics.median(m["t_update"] for m in steps),
-    "wall_s": wall,
-    "measured_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if device == "cuda" else None,
-    "measured_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if device == "cuda" else None,
-    "predicted_peak_gib": plan.peak_gib,
-    "predicted_peak_without_context_gib": plan.peak_gib - TRAINER_OVERHEAD_GIB,
-    "predicted_rows": {name: gib for name, gib, _ in plan.rows},
-    "before": result.before,
-    "after": result.after,
-}
+
+class CardMemory:
+    """A stand-in for the live curves (``train(live=...)``): after every step, the memory in use
+    on the whole card (every process: the trainer and vLLM's engine), in GiB."""
+
+    def __init__(self):
+        self.peak = 0.0
+
+    def _read(self):
+        if on_gpu:
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, (total - free) / GIB)
+
+    def update(self, step, metrics):
+        self._read()
+
+    def record(self, step, metrics):
+        self._read()
+
+    def save(self, path):
+        pass
+
+
+record = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "gpu_gib": gpu_gb, "dtype": dtype,
+          "vllm_dtype": vllm_dtype or dtype, "torch": torch.__version__, "backends": {}}
+for backend in os.environ["BACKENDS"].split(","):
+    config = get_preset("tiny-cpu", device=device, dtype=dtype, vllm_dtype=vllm_dtype, backend=backend,
+                        steps=int(os.environ["STEPS"]), eval_every=0, eval_tasks=32, pass_k=0, save_every=0,
+                        vllm_gpu_memory_utilization=0.15, out_dir=str(out / f"run-{backend}"))
+    plan = memory_plan(config, gpu_gb)
+    print(plan)
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    card = CardMemory()
+    t0 = time.perf_counter()
+    result = train(config, preset_name=f"gpu-check-{backend}", live=card)
+    wall = time.perf_counter() - t0
+    steps = [m for m in result.history if m["step"] >= 2 and "t_update" in m]  # step 1: warm-up (kernels, allocator)
+    record["backends"][backend] = {
+        "steps": config.steps,
+        "median_step_s": statistics.median(m["t_rollout"] + m["t_reward"] + m["t_update"] for m in steps),
+        "median_rollout_s": statistics.median(m["t_rollout"] for m in steps),
+        "median_update_s": statistics.median(m["t_update"] for m in steps),
+        "median_rollout_tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps),
+        "wall_s": wall,
+        "reward_first_last": [result.history[1]["reward"], result.history[-1]["reward"]],
+        "trainer_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+        "trainer_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
+        "card_peak_used_gib": card.peak if on_gpu else None,
+        "predicted_peak_gib": plan.peak_gib,
+        "predicted_peak_without_trainer_context_gib": plan.peak_gib - TRAINER_OVERHEAD_GIB,
+        "predicted_rows": {name: gib for name, gib, _ in plan.rows},
+        "before": result.before,
+        "after": result.after,
+    }
+
+tests_rc = os.environ["TESTS_RC"]
+record["parity_tests"] = {"exit_code": tests_rc if tests_rc == "skipped" else int(tests_rc),
+                          "log": str(out / "parity_tests.log")}
+if tests_rc != "skipped":
+    record["parity_tests"]["tail"] = (out / "parity_tests.log").read_text().splitlines()[-15:]
 (out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str))
-print(json.dumps({k: v for k, v in record.items() if k != "predicted_rows"}, indent=2, default=str))
+print(json.dumps({k: v for k, v in record.items() if k != "backends"}, indent=2, default=str))
+for backend, r in record["backends"].items():
+    print(f"{backend:>5}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
+          f"peak: trainer {r['trainer_peak_reserved_gib']} GiB, card {r['card_peak_used_gib']} GiB, "
+          f"plan {r['predicted_peak_gib']:.2f} GiB")
+print(f"wrote {out / 'gpu_check.json'}")
 PY

@@ -344,7 +344,9 @@ def test_answer_envs_start_with_strict_format_false():
     "turn, error",
     [
         ('<tool_call>{"name": "calculator", "arguments": {"expression": ' + "9" * 5000 + "}}</tool_call>", "a number with too many digits"),
-        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "nested too deeply"),
+        # json raises RecursionError under the default recursion limit; a library that raised the limit
+        # (hypothesis does, inside its tests) lets it parse into a list, which is not a tool call either: an error both ways
+        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "error:"),
         (format_tool_call("calculator", {"expression": "1+1\x00\x1b[2J"}), "error: not an arithmetic expression"),  # control bytes
         ('<tool_call>{"name": "calculator", "arguments": {"expression": "1\x00"}}</tool_call>', "error: malformed JSON"),  # raw ones
     ],

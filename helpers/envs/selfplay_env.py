@@ -1,0 +1,100 @@
+"""The proposer's environment (自我博弈: the proposer role): check a proposed task, compute its answer.
+
+In self-play (``helpers.selfplay``) one policy plays two roles. As the *solver* it meets
+the one-call world's tasks ("What is 47*86?") in ``CalculatorEnv``. As the *proposer*
+it writes a new task in the world's grammar, and this env is its world: one turn, in
+which the env parses the proposal, checks it, and works out the true answer itself,
+so a proposed task never needs a label.
+
+    env = make_env("propose")
+    env.reset(proposer_task())                  # [system: how to propose, user: "Propose a task."]
+    env.step("<task>47*86</task>").info         # {..., "valid": True, "expression": "47*86", "answer": "4042", "difficulty": 4}
+    env.step("<task>47*</task>").info           # (after a reset) {..., "valid": False, "error": "not in the grammar ..."}
+
+The grammar, one line:
+
+    proposal := "<task>" A "*" B "</task>"      A, B: integers MIN_OPERAND..MAX_OPERAND, no leading zero
+
+Difficulty of a valid task = the digits of its two operands together (2 for "3*4", 6 for
+"123*456"): the solver's job is to copy the expression into the calculator, and every
+extra digit is one more to copy at a new distance, so it is what makes the tiny solver fail.
+
+Nothing the model writes makes ``step`` raise (the env contract): text outside the
+grammar, an operand out of range, a megabyte of digits all end the episode with
+``valid = False`` and a one-line ``error`` saying what was wrong, and earn no reward.
+
+Simplifications, named:
+
+* One operation (``*``), two operands: the one-call world's grammar, nothing more, so
+  every valid task is one the solver's calculator can do in one call.
+* The proposal must be the whole reply (surrounding spaces aside): a task in a sentence
+  counts as malformed, which keeps the check a single regular expression.
+* The reward is not the env's: it needs the solver's attempts, so the training loop
+  (``helpers.selfplay``) pays the proposer after solving; the env's own reward is 0.
+"""
+
+from __future__ import annotations
+
+import re
+
+from helpers.data import Task
+from helpers.envs.base import Env, StepResult
+from helpers.envs.registry import register_env
+
+MIN_OPERAND, MAX_OPERAND = 2, 999  # 0 and 1 make trivial products; four digits are past the grammar
+PROPOSAL = re.compile(r"\s*<task>(\d{1,9})\*(\d{1,9})</task>\s*")  # at most 9 digits parsed: an "out of range", not a bignum
+PROPOSER_SYSTEM = "You write tasks for a solver. Write one as <task>A*B</task>."
+PROPOSER_QUESTION = "Propose a task."
+
+
+def difficulty(expression: str) -> int:
+    """Digits of the operands together: ``difficulty("47*86") == 4``, ``difficulty("7*123") == 4``."""
+    return sum(len(operand) for operand in expression.split("*"))
+
+
+def check_proposal(text: str) -> dict:
+    """Parse and check one proposal. Never raises.
+
+    Returns ``{"valid": True, "expression": "47*86", "answer": "4042", "difficulty": 4}``
+    or ``{"valid": False, "error": "<one line>"}``.
+    """
+    match = PROPOSAL.fullmatch(text)
+    if match is None:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        return {"valid": False, "error": f"not in the grammar <task>A*B</task>: {shown!r}"}
+    a_text, b_text = match.groups()
+    for operand in (a_text, b_text):
+        if len(operand) > 1 and operand.startswith("0"):
+            return {"valid": False, "error": f"operand {operand} has a leading zero"}
+        if not MIN_OPERAND <= int(operand) <= MAX_OPERAND:
+            return {"valid": False, "error": f"operand {operand} is out of range {MIN_OPERAND}..{MAX_OPERAND}"}
+    expression = f"{a_text}*{b_text}"
+    return {"valid": True, "expression": expression, "answer": str(int(a_text) * int(b_text)), "difficulty": difficulty(expression)}
+
+
+def proposer_task(task_id: str = "propose") -> Task:
+    """The proposer's prompt: the same two messages every time (the role is the system prompt)."""
+    prompt = [{"role": "system", "content": PROPOSER_SYSTEM}, {"role": "user", "content": PROPOSER_QUESTION}]
+    return Task(task_id, prompt, None, {"role": "proposer"})
+
+
+class ProposerEnv(Env):
+    """One turn: the proposal is checked (``check_proposal``); the episode ends either way.
+
+    ``info`` gets ``valid`` and, for a valid task, ``expression``, ``answer`` and ``difficulty``;
+    for an invalid one, ``error``. Its ``verdict`` is ``"valid_task"`` or ``"invalid_task"``.
+    """
+
+    name = "propose"
+    info_defaults = {"valid": False}
+
+    def __init__(self, max_steps: int = 1):
+        super().__init__(max_steps=max_steps)
+
+    def _step(self, text: str) -> StepResult:
+        self.info.update(check_proposal(text))
+        self.info["verdict"] = "valid_task" if self.info["valid"] else "invalid_task"
+        return self._end("answered" if self.info["valid"] else "error")
+
+
+register_env("propose", ProposerEnv)
