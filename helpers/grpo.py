@@ -16,12 +16,21 @@ with the k3 estimator of KL(pi_theta || pi_ref) per token,
 losses are then averaged in one of three ways, named as in TRL so that numbers compare:
 
     grpo     mean over each sequence's tokens, then mean over sequences
-    dr_grpo  sum over all tokens / (num sequences * max_completion_length)   (Dr. GRPO)
+    dr_grpo  sum over all tokens / (num sequences * max_completion_length)   (Dr. GRPO, with scale_rewards="none")
     dapo     sum over all tokens / number of tokens in the whole batch        (DAPO; TRL's default)
 
 The code follows TRL 1.16's ``GRPOTrainer`` (``_compute_loss`` and the advantage part
-of ``_generate_and_score_completions``); ``tests/test_grpo_trl.py`` checks that both
-give the same loss on the same batch.
+of ``_generate_and_score_completions``); ``helpers.trl_compat.compare_with_trl`` feeds the
+same batch to both (single-turn, and multi-turn with the tool's tokens masked out) and
+``tests/test_grpo_trl.py`` checks that the losses and gradients agree. The sections below
+are the arrows of one step: rewards -> advantages (1) -> log-probs (2) -> loss (3), with
+the batch of padded tensors (4) and the trainer that owns the optimizer (5) around them.
+
+One outcome reward per episode, one advantage per episode: every policy token of a
+multi-turn episode (its tool calls and its final answer alike) shares the episode's
+advantage, and tool / env tokens (mask 0) get none. Turn-level credit assignment (a
+value per turn, or process rewards) is not implemented; it is named here so that no
+one thinks it is.
 
 Simplifications (named, so nothing is hidden):
 - The "old" policy of the ratio is the *sampling* policy: ``Trajectory.logprobs``,

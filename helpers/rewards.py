@@ -1,4 +1,4 @@
-"""Reward module (奖励模块): rule rewards, weighted hybrids, the TRL adapter, diagnostics.
+"""Reward module (奖励模块): rule rewards, weighted hybrids, the reward report.
 
 The reward decides what the agent learns. In this workbook a reward is a plain function
 
@@ -13,14 +13,18 @@ and rewards are mixed with weights, by function or by registered name:
 Every rule reward below says in its docstring what a policy can *game* it by: RL
 optimises the number, not the intention, and a reward with a loophole is exploited
 (``tool_call_bonus`` is this module's deliberate example). The model-judge reward
-lives in ``helpers.judge``; it plugs into ``combine`` like any function here.
+lives in ``helpers.judge``; it plugs into ``combine`` like any function here. The
+same functions drive TRL's ``GRPOTrainer`` through ``helpers.trl_compat.reward_funcs``;
+the pictures of rewards (histogram, the interactive panel) are in ``helpers.viewer``.
 
 Simplifications, named:
 
 * A combined reward stores every part *unweighted* in ``traj.reward_parts`` (as TRL
   logs ``rewards/<name>/mean``) and the weighted sum in ``traj.reward``.
-* A part that raises is worth 0 for that trajectory; the error is written to
-  ``traj.info["reward_errors"][part]`` and counted, so one bad row never stops training.
+* A part that raises, or returns anything but a finite number (a string, a bool, NaN,
+  inf), is worth 0 for that trajectory; so is a weighted sum that overflows. The error
+  is written to ``traj.info["reward_errors"]`` and counted, so one bad row never stops
+  training and never turns its group's advantages into NaN.
 * Outcome checking is the env's own (``helpers.formats.judge_answer``): the reward
   never disagrees with the env about what counts as correct.
 """

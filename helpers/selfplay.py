@@ -5,7 +5,7 @@ LoRA adapter) plays two roles, told apart only by the prompt:
 
 * the **proposer** (system prompt ``PROPOSER_SYSTEM``) writes a new task in the world's
   grammar, ``<task>A*B</task>``; the env (``helpers.envs.selfplay_env``) checks it and
-  computes its answer itself, so no label is needed. An invalid task earns nothing;
+  computes its answer itself, so no label is needed. An invalid task is never solved;
 * the **solver** (the one-call world's prompt, "What is A*B?", with the calculator)
   attempts every valid proposed task G times and is paid by outcome (``correct``).
 
@@ -13,43 +13,48 @@ The proposer is paid for tasks at the edge of the solver's ability. With p the s
 success rate over its G attempts of a task (Absolute Zero, Zhao et al. 2025):
 
     r_propose = 1 - p    if 0 < p < 1                                   (learnability)
-                0        if p = 0 (never solved) or p = 1 (always solved), or the task is invalid
+                0        if p = 0 (never solved) or p = 1 (always solved)
+               -0.5      if the task is invalid (``invalid_reward``: Absolute Zero's format penalty)
 
 Worked example, G = 4 attempts per task:
 
     task        attempts   p      r_propose   why
-    3*4         1 1 1 1    1.00   0           always solved: too easy, the solver learns nothing
+    12*34       1 1 1 1    1.00   0           always solved: too easy, the solver learns nothing
     47*86       1 1 1 0    0.75   0.25        mostly solved
     123*45      1 0 0 0    0.25   0.75        at the edge: pays most
     987*654     0 0 0 0    0.00   0           never solved: too hard (or impossible), no signal either
-    <task>47*   -          -      0           invalid: the env refuses it
+    <task>47*   -          -      -0.5        invalid: the env refuses it, the proposer pays a penalty
 
 Each role is then a GRPO group with its own baseline (SPIRAL's role-conditioned
-advantages, in their simplest form): the P proposals from the proposer prompt are one
-group, the G attempts of one task are another,
+advantages, in their simplest form): the P proposals sampled from one proposer prompt are
+one group, the G attempts of one task are another,
 
-    A_propose = (r_propose - mean over the P proposals) / std           (1, P)
+    A_propose = (r_propose - mean over the P proposals) / std           (K, P)
     A_solve   = (r_solve   - mean over the task's G attempts) / std     (V, G)
 
 and both go into one ``LoRAGRPO.update``. One baseline for everything would mix two
 different reward scales (0/1 outcomes and learnability) and two different questions
 (notebook 09 shows what goes wrong).
 
-    python -m helpers.selfplay build                      # the warm start data/tiny-selfplay/ (~5 min, 1 thread)
+Why a penalty for invalid tasks and not just 0: once most valid tasks are trivial (paid 0),
+an invalid one paid 0 is exactly as good, and nothing keeps the proposer in the grammar
+(an early run with ``invalid_reward = 0`` had steps where 3 of its 8 proposals were invalid).
+
+    python -m helpers.selfplay build                      # the warm start data/tiny-selfplay/ (~4 min CPU, 1 thread)
     python -m helpers.selfplay baseline                   # held-out success by difficulty, proposer validity
     python -m helpers.train --preset tiny-selfplay        # the self-play run (dispatches to train_selfplay)
     python -m helpers.train --preset tiny-selfplay-fixed  # the same compute on a fixed dataset, for comparison
 
 Simplifications, named:
 
-* The one-call world, one operation: a task is a product of two numbers of 1-3 digits
-  (``helpers.envs.selfplay_env``); difficulty is their digits together (2..6).
+* The one-call world, one operation: a task is a product of two numbers of 2-3 digits
+  (``helpers.envs.selfplay_env``); difficulty is their digits together (4..6).
 * P = G (``num_generations``): a proposer group has as many samples as a solver group,
   so both roles' groups stack into one (K + V, G) advantage tensor and one update.
 * The proposer prompt never changes (no examples of earlier tasks in it, unlike Absolute
   Zero): what it proposes changes only because its adapter does.
-* Proposals are not kept from the held-out tasks (about 1 in 2,000 of the ~10^6 tasks
-  is one); the fixed-dataset run's training split is kept from them by hash, as usual.
+* Proposals are not kept from the held-out tasks (64 of the ~980,000 possible tasks);
+  the fixed-dataset run's training split is kept from them by hash, as usual.
 * The solver's batch metrics keep the main loop's names (``reward``, ``success``,
   ``tool_calls`` ...), so the health checks read them unchanged; the proposer's are
   ``proposer/...``.
@@ -74,8 +79,8 @@ from helpers.paths import ROOT
 from helpers.tiny import TINY_DIR, TINY_SYSTEM, split_of
 
 SELFPLAY_DIR = ROOT / "data" / "tiny-selfplay"
-SOLVER_DIGITS = (0.35, 0.40, 0.25)  # share of operands with 1, 2, 3 digits in solver tasks (held-out set, fixed dataset, SFT)
-PROPOSER_DIGITS = (0.45, 0.45, 0.10)  # the same in the proposer's SFT demonstrations: easy tasks, a few longer ones
+SOLVER_DIGITS = {2: 0.5, 3: 0.5}  # share of operands with 2 and 3 digits in solver tasks (held-out set, fixed dataset, SFT)
+PROPOSER_DIGITS = {2: 0.85, 3: 0.15}  # the same in the proposer's SFT demonstrations: easy tasks, a few longer ones
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,15 +95,15 @@ def solver_task(expression: str, task_id: str | None = None) -> Task:
     return Task(task_id or f"selfplay-{expression}", prompt, str(a * b), {"expression": expression, "difficulty": difficulty(expression)})
 
 
-def draw_expression(rng: random.Random, digit_weights: tuple[float, ...] = SOLVER_DIGITS) -> str:
-    """``"A*B"`` with each operand's number of digits drawn from ``digit_weights`` (1, 2, 3 digits)."""
-    a_digits, b_digits = rng.choices((1, 2, 3), weights=digit_weights, k=2)
-    a, b = (rng.randint(max(2, 10 ** (d - 1)), 10**d - 1) for d in (a_digits, b_digits))
+def draw_expression(rng: random.Random, digit_weights: dict[int, float] = SOLVER_DIGITS) -> str:
+    """``"A*B"`` with each operand's number of digits drawn from ``digit_weights`` (digits -> weight)."""
+    a_digits, b_digits = rng.choices(list(digit_weights), weights=list(digit_weights.values()), k=2)
+    a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in (a_digits, b_digits))
     return f"{a}*{b}"
 
 
 def make_selfplay_tasks(n: int, seed: int = 0, split: str = "test") -> list[Task]:
-    """``n`` distinct solver tasks of one split (the tiny world's hash split), difficulty 2..6."""
+    """``n`` distinct solver tasks of one split (the tiny world's hash split), difficulty 4..6."""
     rng = random.Random(f"selfplay-{seed}-{split}")
     tasks, seen = [], set()
     while len(tasks) < n:
@@ -167,7 +172,8 @@ def role_advantages(proposer_rewards, solver_rewards, scale_rewards: str = "grou
 class SelfPlayConfig(TrainConfig):
     # --- self-play (the fields above are the main loop's, with the same meanings) ---------------
     loop: str = "selfplay"  # helpers.train.train hands a config with this field to train_selfplay
-    proposer_groups: int = 1  # K: proposer prompts per step, each sampled num_generations (P = G) times
+    proposer_groups: int = 2  # K: proposer prompts per step, each sampled num_generations (P = G) times
+    invalid_reward: float = -0.5  # an invalid task's reward: below a trivial task's 0, or nothing keeps the proposer in the grammar
     max_proposal_tokens: int = 24  # "<task>123*456</task>" is ~16 tokens; a proposal that runs on is cut (invalid)
 
 
@@ -194,7 +200,8 @@ class Round:
         out = {
             "proposer/validity": len(valid) / len(self.proposals),
             "proposer/difficulty": _mean([t.info["difficulty"] for t in valid]),
-            "proposer/learnability": _mean([t.reward for t in self.proposals]),  # its mean reward, invalid ones as 0
+            "proposer/learnability": _mean([t.reward_parts["learnability"] for t in self.proposals]),  # invalid ones as 0
+            "proposer/reward": _mean([t.reward for t in self.proposals]),  # with invalid_reward for the invalid ones
             "proposer/solve_rate": _mean(solve_rates),
             "proposer/frac_trivial": _mean([p == 1.0 for p in solve_rates]),  # always solved: paid 0
             "proposer/frac_unsolved": _mean([p == 0.0 for p in solve_rates]),  # never solved: paid 0
@@ -246,10 +253,10 @@ def play_round(policy, make_solver_env, reward, config: SelfPlayConfig, step: in
     score_trajectories(attempts, reward)
     solver_rewards = group_rewards(attempts) if attempts else torch.zeros(0, G)  # (V, G)
 
-    # Proposer's pay: the learnability of its task; 0 for an invalid one.
+    # Proposer's pay: the learnability of its task; invalid_reward for a task outside the grammar.
     paid = learnability(solver_rewards)  # (V,)
     for t in proposals:
-        t.reward, t.reward_parts = 0.0, {"learnability": 0.0}
+        t.reward, t.reward_parts = config.invalid_reward, {"learnability": 0.0}
     for t, r, p in zip(valid, paid.tolist(), solver_rewards.mean(dim=1).tolist()):
         t.reward, t.reward_parts = r, {"learnability": r}
         t.info["solve_rate"] = p
@@ -272,28 +279,44 @@ PANELS = [
 ]
 
 
+# The console line (as helpers.live.LINE_FIELDS: metric, format).
+LINE_FIELDS = [
+    ("proposer/validity", "valid {:.2f}"),
+    ("proposer/difficulty", "difficulty {:.2f}"),
+    ("proposer/learnability", "learnability {:.3f}"),
+    ("success", "solver {:.2f}"),
+    ("kl", "kl {:.4f}"),
+    ("eval/success", "EVAL held-out {:.3f}"),
+]
+
+
 class SelfPlayCurves(LiveCurves):
-    """``helpers.live.LiveCurves`` with the self-play panels (same grid, same display and console line)."""
+    """``helpers.live.LiveCurves`` with the self-play panels and console line (same grid, same display)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.history = {key: [] for _, _, series in PANELS for key, _ in series}
 
     def figure(self):
-        with _panels(PANELS):
+        with _lent(PANELS=PANELS):
             return super().figure()
+
+    def update(self, step: int, metrics: dict) -> None:
+        with _lent(LINE_FIELDS=LINE_FIELDS):
+            super().update(step, metrics)
 
 
 @contextmanager
-def _panels(panels):
-    """LiveCurves draws the module's PANELS: lend it ours for one drawing (it has no panels argument yet)."""
+def _lent(**names):
+    """LiveCurves reads helpers.live's PANELS and LINE_FIELDS (it has no arguments for them yet): lend it ours for one call."""
     import helpers.live
 
-    saved, helpers.live.PANELS = helpers.live.PANELS, panels
+    saved = {name: getattr(helpers.live, name) for name in names}
+    vars(helpers.live).update(names)
     try:
         yield
     finally:
-        helpers.live.PANELS = saved
+        vars(helpers.live).update(saved)
 
 
 def tenth_means(history: list[dict], key: str) -> tuple[float | None, float | None]:
@@ -407,8 +430,9 @@ def train_selfplay(config: SelfPlayConfig, preset_name: str | None = None, live=
     (run_dir / "summary.json").write_text(json.dumps(
         {"preset": preset_name, "before": before, "after": after, "proposer": proposer, "wall_s": result.wall_s,
          "cpu_s": result.cpu_s, "warnings": warned, "torch_threads": torch.get_num_threads()}, indent=2, default=str))
-    print(result.line() + f" | proposed difficulty {difficulty_first:.2f} -> {difficulty_last:.2f}"
-          f" | validity {validity_first:.2f} -> {validity_last:.2f}", flush=True)
+    shown = {key: "-" if value is None else f"{value:.2f}" for key, value in proposer.items()}  # None: no valid proposal then
+    print(result.line() + f" | proposed difficulty {shown['difficulty_first_tenth']} -> {shown['difficulty_last_tenth']}"
+          f" | validity {shown['validity_first_tenth']} -> {shown['validity_last_tenth']}", flush=True)
     return result
 
 
@@ -418,12 +442,12 @@ def train_selfplay(config: SelfPlayConfig, preset_name: str | None = None, live=
 
 BUILD = dict(  # the recipe of data/tiny-selfplay; `python -m helpers.selfplay build` runs exactly this
     seed=0,
-    solver_demos=3000,  # solver conversations, operands of 1-3 digits (SOLVER_DIGITS), on the train split
-    tool_fraction=0.75,  # share of solver demonstrations calling the calculator; the rest answer "in the head"
+    solver_demos=3000,  # solver conversations, operands of 2-3 digits (SOLVER_DIGITS), on the train split
+    tool_fraction=0.9,  # share of solver demonstrations calling the calculator; the rest answer "in the head"
     proposer_demos=1500,  # proposer conversations: "<task>A*B</task>", mostly easy (PROPOSER_DIGITS)
-    steps=900,  # SFT steps, starting from data/tiny (it already calls the calculator on 2-digit tasks)
+    steps=1200,  # SFT steps, starting from data/tiny (it already calls the calculator on 2-digit tasks)
     batch_size=16,
-    lr=2e-3,
+    lr=3e-3,
     decay_fraction=0.3,
 )
 

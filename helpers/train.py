@@ -40,8 +40,9 @@ Simplifications, named:
 - ``kl`` is measured on the sampled batch *before* the update (policy at sampling time vs
   the reference), with one extra no-grad forward pass, counted in ``t_update``. With
   ``beta > 0`` the trainer's own KL (during the update) is logged instead.
-- Evaluations between the first and the last are greedy only (pass@k costs k episodes per
-  task, k times the greedy evaluation); pass@k and pass@1 are measured before and after.
+- Evaluations between the first and the last sample one episode per task (``eval/pass@1``,
+  the sampled success rate) besides the greedy one; pass@k costs k episodes per task, so it
+  is measured before and after only. ``pass_k = 0`` turns sampled evaluation off.
 - The evaluation tasks are fixed (the test split drawn with seed 0, the same for every
   run seed) so seeds compare; training never samples from the test split.
 
@@ -198,7 +199,9 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     reporters = Reporters(config.report_to, run_dir, config)
 
     def run_eval(step: int) -> dict:
-        k = config.pass_k if step in (0, config.steps) else 0  # pass@k (k samples per task) only before and after
+        # Every evaluation: greedy, plus sampled episodes for the sampled success rate (pass@1): k per
+        # task before and after (pass@k too), one per task in between (the curve, at a k-th of the cost).
+        k = config.pass_k if step in (0, config.steps) else min(config.pass_k, 1)
         result = evaluate(policy, eval_tasks, make_env, k=k, temperature=config.temperature,
                           max_new_tokens=config.max_new_tokens, seed=config.seed, **limits)
         save_records(run_dir / EVAL_DIR / f"step-{step:04d}.jsonl", result.records)

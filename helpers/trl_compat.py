@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import tempfile
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,18 @@ from helpers.rollout import Trajectory
 # ----------------------------------------------------------------------------------------------
 # 1. TrainConfig -> GRPOConfig
 # ----------------------------------------------------------------------------------------------
+
+
+def import_trl():
+    """The ``trl`` module, imported quietly. TRL 1.16 warns at import that it was tested with
+    vLLM 0.22-0.31; the CPU extra installs vLLM 0.32, and the paths we use with it
+    (transformers generation, the server client) are tested (tests/test_scale_out.py)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+        import trl
+        from trl.trainer import grpo_trainer  # noqa: F401  the submodule that imports the vLLM client
+    return trl
+
 
 
 def batch_split(config: TrainConfig, processes: int = 1) -> tuple[int, int]:
@@ -61,7 +74,7 @@ def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1,
     launch``); ``overrides`` sets TRL-only options (``use_vllm=True``, ``vllm_mode="server"``,
     ``save_steps``, ...) on top.
     """
-    from trl import GRPOConfig
+    GRPOConfig = import_trl().GRPOConfig
 
     micro_batch, accumulation = batch_split(config, processes)
     on_gpu = torch.cuda.is_available()
@@ -175,7 +188,7 @@ def trl_trainer(model, tokenizer, config: TrainConfig, prompts: list[list[dict]]
     rewards or advantages.
     """
     from datasets import Dataset
-    from trl import GRPOTrainer
+    GRPOTrainer = import_trl().GRPOTrainer
 
     args = grpo_config(config, output_dir, max_completion_length=max_completion_length)
     dataset = Dataset.from_list([{"prompt": p} for p in prompts])

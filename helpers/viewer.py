@@ -21,6 +21,7 @@ from helpers.rewards import score_trajectories
 from helpers.rollout import Trajectory
 
 COLOURS = {"policy": "#c8f0c8", "env": "#cfe3ff", "prompt": "#eeeeee"}
+ADVANTAGE_COLOURS = {1: "#9be39b", 0: "#ffffff", -1: "#f5a3a3"}  # sign of the advantage -> policy-token colour
 
 _STYLE = (
     "<style>.traj{font-family:monospace;font-size:12px;line-height:1.7;white-space:pre-wrap;word-break:break-all}"
@@ -40,24 +41,33 @@ def _header(traj: Trajectory) -> str:
     )
 
 
-def _legend() -> str:
-    keys = [("policy", "policy (mask 1)"), ("env", "env / tool (mask 0)"), ("prompt", "prompt (mask 0)")]
-    return "<div class='traj-head'>" + " ".join(f"<span style='background:{COLOURS[k]}'>&nbsp;{t}&nbsp;</span>" for k, t in keys) + "</div>"
+def _legend(by_advantage: bool = False) -> str:
+    keys = [(COLOURS["policy"], "policy (mask 1)")] if not by_advantage else [
+        (ADVANTAGE_COLOURS[1], "policy, pushed up (A > 0)"), (ADVANTAGE_COLOURS[-1], "policy, pushed down (A < 0)")]
+    keys += [(COLOURS["env"], "env / tool (mask 0)"), (COLOURS["prompt"], "prompt (mask 0)")]
+    return "<div class='traj-head'>" + " ".join(f"<span style='background:{c}'>&nbsp;{t}&nbsp;</span>" for c, t in keys) + "</div>"
 
 
-def trajectory_html(traj: Trajectory, tokenizer, legend: bool = True) -> str:
+def trajectory_html(traj: Trajectory, tokenizer, legend: bool = True, advantage: float | None = None) -> str:
     """One trajectory as HTML: a header line, then every token coloured by its mask.
 
-    Taught in notebooks/03_rollout.ipynb §4.
+    With ``advantage`` (the episode's GRPO advantage), the policy's tokens are coloured by
+    what the update does to them instead: green = pushed up (A > 0), red = pushed down
+    (A < 0), white = untouched (A = 0). Every policy token of the episode gets the same
+    colour, whatever turn it is in: an outcome reward has no opinion about single turns.
+
+    Taught in notebooks/03_rollout.ipynb §4 and notebooks/06_training_loop.ipynb.
     """
+    policy = COLOURS["policy"] if advantage is None else ADVANTAGE_COLOURS[(advantage > 0) - (advantage < 0)]
     spans = []
     for i, (token, m, lp) in enumerate(zip(traj.token_ids, traj.mask, traj.logprobs)):
         who = "policy" if m else ("prompt" if i < traj.prompt_len else "env")
         text = tokenizer.decode([token], skip_special_tokens=False)
         shown = html.escape(text).replace("\n", "↵\n")
-        tip = f"id {token} · {who}" + (f" · logprob {lp:.3f}" if m else "")
-        spans.append(f"<span style='background:{COLOURS[who]}' title='{tip}'>{shown}</span>")
-    return (_STYLE + (_legend() if legend else "")) + _header(traj) + "<div class='traj'>" + "".join(spans) + "</div>"
+        tip = f"id {token} · {who}" + (f" · logprob {lp:.3f}" if m else "") + (f" · advantage {advantage:+.2f}" if m and advantage is not None else "")
+        spans.append(f"<span style='background:{policy if m else COLOURS[who]}' title='{tip}'>{shown}</span>")
+    head = _header(traj) if advantage is None else _header(traj).replace("</div>", f" · advantage <b>{advantage:+.2f}</b></div>", 1)
+    return (_STYLE + (_legend(advantage is not None) if legend else "")) + head + "<div class='traj'>" + "".join(spans) + "</div>"
 
 
 def group_html(trajs: list[Trajectory], tokenizer=None) -> str:
@@ -142,42 +152,65 @@ def widgets_frontend() -> bool:
     return in_notebook() and frontend
 
 
-def reward_panel(trajs: list[Trajectory], weights: dict[str, float], scale_rewards: str = "group", max_groups: int = 8):
+def reward_panel(trajs: list[Trajectory], weights: dict, scale_rewards: str = "group", max_groups: int = 8):
     """Sliders for the weights of ``weights`` and a dropdown of parts; re-scores ``trajs`` live.
 
-    Every change re-scores the trajectories with ``combine(weights)`` and redraws the
-    per-group advantage table and the reward histogram. Without a widget frontend (CI,
-    nbconvert) it prints the same table and histogram once, for the given weights.
+    ``weights`` is what ``combine`` takes: reward names or your own functions ``traj -> float``
+    as keys (a function's slider is labelled with its logged name, ``reward_name``). Every
+    change re-scores the trajectories with ``combine(weights)`` and redraws the per-group
+    advantage table and the reward histogram. Without a widget frontend (CI, nbconvert, a
+    static render on GitHub; ``WORKBOOK_WIDGETS=1`` / ``0`` forces the answer, see
+    ``widgets_frontend``) it prints the table once for the given weights and draws the
+    histogram of the total and of every part with a non-zero weight side by side: a still
+    picture of the panel.
     Returns the panel widget, or None in the static case.
 
-    Taught in notebooks/04_reward.ipynb §9.
+    Taught in notebooks/04_reward.ipynb §10.
     """
     import matplotlib.pyplot as plt
 
-    def draw(current: dict[str, float], part: str) -> None:
-        score_trajectories(trajs, {k: w for k, w in current.items() if w != 0} or {"correct": 0.0})
-        shown = ", ".join(f"{w:g}*{k}" for k, w in current.items() if w != 0) or "0"
+    from helpers.rewards import reward_name
+
+    keys = {reward_name(k) if not isinstance(k, str) else k: k for k in weights}  # label -> what combine takes
+    if len(keys) != len(weights):
+        raise ValueError(f"two rewards share a name: {list(keys)}")
+
+    def score(current: dict[str, float]) -> str:
+        score_trajectories(trajs, {keys[n]: w for n, w in current.items() if w != 0} or {"correct": 0.0})
+        shown = ", ".join(f"{w:g}*{n}" for n, w in current.items() if w != 0) or "0"
         print(f"reward = {shown}\n")
         print(advantage_table(trajs, scale_rewards, max_groups))
+        return shown
+
+    def draw(current: dict[str, float], part: str) -> None:
+        shown = score(current)
         plot_reward_histogram(trajs, part, title=f"{part}: reward = {shown}")
         plt.tight_layout()
         plt.show()
 
+    start = {name: float(weights[k]) for name, k in keys.items()}
     if not widgets_frontend():
-        draw(dict(weights), "total")
+        shown = score(start)
+        parts = ["total", *(n for n in keys if start[n] != 0)]  # a part with weight 0 is not computed
+        fig, axes = plt.subplots(1, len(parts), figsize=(2.6 * len(parts), 2.6), sharey=True, squeeze=False)
+        for ax, part in zip(axes[0], parts):
+            plot_reward_histogram(trajs, part, ax=ax, title=part if part == "total" else f"{part} (w={start[part]:g})")
+        fig.suptitle(f"reward panel, static view (no widget frontend): reward = {shown}", fontsize=10)
+        plt.tight_layout()
+        plt.show()
         return None
 
     import ipywidgets as W
     from IPython.display import display
 
-    sliders = {k: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=k, continuous_update=False) for k, w in weights.items()}
-    dropdown = W.Dropdown(options=["total", *weights], value="total", description="histogram")
+    sliders = {n: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=n, continuous_update=False) for n, w in start.items()}
+    dropdown = W.Dropdown(options=["total", *keys], value="total", description="histogram")
     out = W.Output()
 
     def redraw(_=None):
         with out:
             out.clear_output(wait=True)
-            draw({k: s.value for k, s in sliders.items()}, dropdown.value)
+            draw({n: s.value for n, s in sliders.items()}, dropdown.value)
 
     for widget in [*sliders.values(), dropdown]:
         widget.observe(redraw, names="value")

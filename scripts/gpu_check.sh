@@ -12,8 +12,8 @@
 #    also holds vLLM's engine process and what it reserved.
 # 2. The vLLM parity tests (tests/test_vllm_engine.py) on CUDA: per-token log-probs of vLLM
 #    vs transformers within 1e-4, LoRA versions, seeds, a short training run.
-# Writes one file, gpu_check.json, under --out (default: $OUT, else runs/gpu_check), and the
-# runs' folders and the test log beside it.
+# Writes one results file, gpu_check.json, under --out (default: $OUT, else runs/gpu_check); beside
+# it: the runs' folders, the test log and the Python it ran (gpu_check_run.py).
 #
 # Options:
 #   --device cuda|cpu     where to run (default cuda; cpu checks the plumbing, in float32)
@@ -58,7 +58,8 @@ fi
 export TESTS_RC
 
 # --- 1. the tiny world with each backend; then everything into gpu_check.json ---
-python - <<'PY'
+# A file, not `python -`: vLLM spawns its engine processes, and spawning re-imports the main script by path.
+cat > "$OUT_DIR/gpu_check_run.py" <<'PY'
 import json, os, statistics, time
 from pathlib import Path
 
@@ -69,29 +70,16 @@ from helpers.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
 from helpers.notebook import show_versions
 from helpers.train import train
 
-show_versions()
-device, out = os.environ["DEVICE"], Path(os.environ["OUT_DIR"]).resolve()
-if device == "cuda" and not torch.cuda.is_available():
-    raise SystemExit("no CUDA GPU here: run with --device cpu to check the plumbing only")
-on_gpu = device == "cuda"
-if not on_gpu:
-    dtype, vllm_dtype = "float32", None
-elif torch.cuda.is_bf16_supported():
-    dtype, vllm_dtype = "bfloat16", None
-else:  # a T4: no bf16; the trainer in float32, vLLM in float16 (the gsm8k-t4 preset's choice)
-    dtype, vllm_dtype = "float32", "float16"
-gpu_gb = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else 24.0
-
 
 class CardMemory:
     """A stand-in for the live curves (``train(live=...)``): after every step, the memory in use
     on the whole card (every process: the trainer and vLLM's engine), in GiB."""
 
-    def __init__(self):
-        self.peak = 0.0
+    def __init__(self, on_gpu: bool):
+        self.on_gpu, self.peak = on_gpu, 0.0
 
     def _read(self):
-        if on_gpu:
+        if self.on_gpu:
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, (total - free) / GIB)
 
@@ -105,50 +93,69 @@ class CardMemory:
         pass
 
 
-record = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "gpu_gib": gpu_gb, "dtype": dtype,
-          "vllm_dtype": vllm_dtype or dtype, "torch": torch.__version__, "backends": {}}
-for backend in os.environ["BACKENDS"].split(","):
-    config = get_preset("tiny-cpu", device=device, dtype=dtype, vllm_dtype=vllm_dtype, backend=backend,
-                        steps=int(os.environ["STEPS"]), eval_every=0, eval_tasks=32, pass_k=0, save_every=0,
-                        vllm_gpu_memory_utilization=0.15, out_dir=str(out / f"run-{backend}"))
-    plan = memory_plan(config, gpu_gb)
-    print(plan)
-    if on_gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    card = CardMemory()
-    t0 = time.perf_counter()
-    result = train(config, preset_name=f"gpu-check-{backend}", live=card)
-    wall = time.perf_counter() - t0
-    steps = [m for m in result.history if m["step"] >= 2 and "t_update" in m]  # step 1: warm-up (kernels, allocator)
-    record["backends"][backend] = {
-        "steps": config.steps,
-        "median_step_s": statistics.median(m["t_rollout"] + m["t_reward"] + m["t_update"] for m in steps),
-        "median_rollout_s": statistics.median(m["t_rollout"] for m in steps),
-        "median_update_s": statistics.median(m["t_update"] for m in steps),
-        "median_rollout_tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps),
-        "wall_s": wall,
-        "reward_first_last": [result.history[1]["reward"], result.history[-1]["reward"]],
-        "trainer_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
-        "trainer_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
-        "card_peak_used_gib": card.peak if on_gpu else None,
-        "predicted_peak_gib": plan.peak_gib,
-        "predicted_peak_without_trainer_context_gib": plan.peak_gib - TRAINER_OVERHEAD_GIB,
-        "predicted_rows": {name: gib for name, gib, _ in plan.rows},
-        "before": result.before,
-        "after": result.after,
-    }
+def main():
+    show_versions()
+    device, out = os.environ["DEVICE"], Path(os.environ["OUT_DIR"]).resolve()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: run with --device cpu to check the plumbing only")
+    on_gpu = device == "cuda"
+    if not on_gpu:
+        dtype, vllm_dtype = "float32", None
+    elif torch.cuda.is_bf16_supported():
+        dtype, vllm_dtype = "bfloat16", None
+    else:  # a T4: no bf16; the trainer in float32, vLLM in float16 (the gsm8k-t4 preset's choice)
+        dtype, vllm_dtype = "float32", "float16"
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else 24.0
 
-tests_rc = os.environ["TESTS_RC"]
-record["parity_tests"] = {"exit_code": tests_rc if tests_rc == "skipped" else int(tests_rc),
-                          "log": str(out / "parity_tests.log")}
-if tests_rc != "skipped":
-    record["parity_tests"]["tail"] = (out / "parity_tests.log").read_text().splitlines()[-15:]
-(out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str))
-print(json.dumps({k: v for k, v in record.items() if k != "backends"}, indent=2, default=str))
-for backend, r in record["backends"].items():
-    print(f"{backend:>5}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
-          f"peak: trainer {r['trainer_peak_reserved_gib']} GiB, card {r['card_peak_used_gib']} GiB, "
-          f"plan {r['predicted_peak_gib']:.2f} GiB")
-print(f"wrote {out / 'gpu_check.json'}")
+    record = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "gpu_gib": gpu_gb, "dtype": dtype,
+              "vllm_dtype": vllm_dtype or dtype, "torch": torch.__version__, "backends": {}}
+    for backend in os.environ["BACKENDS"].split(","):
+        config = get_preset("tiny-cpu", device=device, dtype=dtype, vllm_dtype=vllm_dtype, backend=backend,
+                            steps=int(os.environ["STEPS"]), eval_every=0, eval_tasks=32, pass_k=0, save_every=0,
+                            vllm_gpu_memory_utilization=0.15, out_dir=str(out / f"run-{backend}"))
+        plan = memory_plan(config, gpu_gb)
+        print(plan)
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        card = CardMemory(on_gpu)
+        t0 = time.perf_counter()
+        result = train(config, preset_name=f"gpu-check-{backend}", live=card)
+        wall = time.perf_counter() - t0
+        steps = [m for m in result.history if m["step"] >= 2 and "t_update" in m]  # step 1: warm-up (kernels, allocator)
+        record["backends"][backend] = {
+            "steps": config.steps,
+            "median_step_s": statistics.median(m["t_rollout"] + m["t_reward"] + m["t_update"] for m in steps),
+            "median_rollout_s": statistics.median(m["t_rollout"] for m in steps),
+            "median_update_s": statistics.median(m["t_update"] for m in steps),
+            "median_rollout_tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps),
+            "wall_s": wall,
+            "reward_first_last": [result.history[1]["reward"], result.history[-1]["reward"]],
+            "trainer_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+            "trainer_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
+            "card_peak_used_gib": card.peak if on_gpu else None,
+            "predicted_peak_gib": plan.peak_gib,
+            "predicted_peak_without_trainer_context_gib": plan.peak_gib - TRAINER_OVERHEAD_GIB,
+            "predicted_rows": {name: gib for name, gib, _ in plan.rows},
+            "before": result.before,
+            "after": result.after,
+        }
+
+    tests_rc = os.environ["TESTS_RC"]
+    record["parity_tests"] = {"exit_code": tests_rc if tests_rc == "skipped" else int(tests_rc),
+                              "log": str(out / "parity_tests.log")}
+    if tests_rc != "skipped":
+        record["parity_tests"]["tail"] = (out / "parity_tests.log").read_text().splitlines()[-15:]
+    (out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str))
+    print(json.dumps({k: v for k, v in record.items() if k != "backends"}, indent=2, default=str))
+    for backend, r in record["backends"].items():
+        print(f"{backend:>5}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
+              f"peak: trainer {r['trainer_peak_reserved_gib']} GiB, card {r['card_peak_used_gib']} GiB, "
+              f"plan {r['predicted_peak_gib']:.2f} GiB")
+    print(f"wrote {out / 'gpu_check.json'}")
+
+
+if __name__ == "__main__":  # vLLM starts its engine processes by spawning: they re-import this file
+    main()
 PY
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "$OUT_DIR/gpu_check_run.py"  # helpers from this clone

@@ -15,9 +15,10 @@ Run it on GPUs (here 3: GPU 0 samples with a vLLM server, GPUs 1-2 train):
     CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct --max-model-len 768 &
     CUDA_VISIBLE_DEVICES=1,2 accelerate launch --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-24gb
 
-Run it on a CPU, on the tiny world, two training processes (what CI runs, tests/test_scale_out.py):
+Run it on a CPU, on the tiny world, two training processes (what CI runs, tests/test_scale_out.py;
+the smoke preset's 4 completions a step are one micro-batch, ``--grad-accum 2`` makes one per process):
 
-    accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-cpu-smoke
+    accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-cpu-smoke --grad-accum 2
 
     python scripts/trl_multi_gpu.py --preset gsm8k-24gb --dataset gsm8k-sample --dry-run   # build, print, train nothing
 
@@ -86,11 +87,12 @@ def build_trainer(config: TrainConfig, output_dir: str, processes: int, **overri
     number of processes.
     """
     from transformers import set_seed
-    from trl import GRPOTrainer
 
     from helpers.grpo import lora_config
     from helpers.policy import load_model
-    from helpers.trl_compat import grpo_config, reward_funcs
+    from helpers.trl_compat import grpo_config, import_trl, reward_funcs
+
+    GRPOTrainer = import_trl().GRPOTrainer
 
     set_seed(config.seed)
     funcs, weights = reward_funcs(config)

@@ -95,8 +95,6 @@ def driver(argv: list[str]) -> None:
     """One optimizer step of the script's trainer on a fixed batch; rank 0 saves the LoRA weights
     before and after. ``--record`` (one process): sample the batch with TRL and save it.
     Otherwise: load it, and let process r train on its r-th share, as TRL's sampler would split it."""
-    import argparse
-
     import torch
 
     from helpers.config import get_preset

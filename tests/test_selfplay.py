@@ -50,14 +50,14 @@ def test_role_advantages_use_a_baseline_per_role():
 
 def test_check_proposal_valid_invalid_and_out_of_range():
     assert check_proposal("<task>47*86</task>") == {"valid": True, "expression": "47*86", "answer": "4042", "difficulty": 4}
-    assert check_proposal("  <task>999*2</task>\n")["answer"] == "1998"
+    assert check_proposal("  <task>999*12</task>\n")["answer"] == "11988"
     for text, why in [("<task>47*</task>", "grammar"), ("What is 47*86?", "grammar"), ("<task>4+5</task>", "grammar"),
                       ("<task>47*86</task> and more", "grammar"), ("<task>1000*3</task>", "out of range"),
-                      ("<task>1*7</task>", "out of range"), ("<task>0*5</task>", "out of range"),
+                      ("<task>7*12</task>", "out of range"), ("<task>0*50</task>", "out of range"),
                       ("<task>07*5</task>", "leading zero"), ("<task>" + "9" * 5000 + "*2</task>", "grammar")]:
         result = check_proposal(text)
         assert result["valid"] is False and why in result["error"], (text[:30], result)
-    assert difficulty("7*123") == 4 and difficulty("123*456") == 6
+    assert difficulty("47*123") == 5 and difficulty("123*456") == 6
 
 
 def test_check_proposal_never_raises_on_garbage():
@@ -83,10 +83,11 @@ def test_proposer_env_ends_in_one_turn_with_the_computed_answer():
 def test_held_out_set_is_fixed_and_spans_difficulties():
     tasks = selfplay_dataset("test", None, 0)
     assert len(tasks) == 64 and [t.id for t in tasks] == [t.id for t in selfplay_dataset("test", None, 0)]
-    assert {t.metadata["difficulty"] for t in tasks} == {2, 3, 4, 5, 6}
+    assert {t.metadata["difficulty"] for t in tasks} == {4, 5, 6}
     assert not {t.id.rsplit("-", 1)[1] for t in tasks} & {t.id.rsplit("-", 1)[1] for t in selfplay_dataset("train", 500, 0)}
-    records = [{"task_id": "selfplay-test-7*12", "correct": True}, {"task_id": "selfplay-test-3*45", "correct": False}]
-    assert success_by_difficulty(records) == {3: 0.5}
+    records = [{"task_id": "selfplay-test-17*12", "correct": True}, {"task_id": "selfplay-test-33*45", "correct": False},
+               {"task_id": "selfplay-test-123*45", "correct": True}]
+    assert success_by_difficulty(records) == {4: 0.5, 5: 1.0}
 
 
 def short_config(out_dir, **kw):
@@ -104,7 +105,7 @@ def test_short_selfplay_run_and_resume_give_the_same_numbers(tmp_path, one_threa
     assert set(summary["proposer"]) == {"difficulty_first_tenth", "difficulty_last_tenth", "validity_first_tenth", "validity_last_tenth"}
     assert "success" in summary["before"] and "success" in summary["after"]
     saved = [json.loads(line) for line in (full.run_dir / "trajectories" / "step-0001.jsonl").read_text().splitlines()]
-    assert sum(row["task"]["id"].startswith("propose-") for row in saved) == 4  # P = G = 4 proposals, then the attempts
+    assert sum(row["task"]["id"].startswith("propose-") for row in saved) == 2 * 4  # K = 2 groups of P = G = 4 proposals
 
     # "Killed" after checkpoint-1: its run folder as it was then, then resumed.
     shutil.copytree(full.run_dir, tmp_path / "killed")

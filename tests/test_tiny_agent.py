@@ -63,11 +63,14 @@ def test_splits_never_overlap_across_seeds():
     assert not questions["validation"] & questions["test"]
 
 
-def test_bad_split_or_too_many_tasks_say_so():
+def test_bad_split_says_so():
     with pytest.raises(ValueError, match="unknown split"):
         make_agent_tasks(3, split="dev")
-    with pytest.raises(ValueError, match="the split has only about"):
-        make_agent_tasks(5000, split="test")
+
+
+def test_every_bill_has_three_digits():
+    """So every canonical episode has the same length in tokens (the numbers sit at fixed distances)."""
+    assert {len(t.answer) for t in make_agent_tasks(500, seed=0, split="train")} == {3}
 
 
 def test_registered_dataset():
@@ -135,7 +138,7 @@ def test_a_task_without_prices_is_a_caller_error():
 def test_habits_make_the_flaws():
     rng = random.Random(0)
     tasks = make_agent_tasks(2000, seed=0, split="train")
-    flaws = [(HABITS.get(t.metadata["order"][1][0]), demonstrator_flaw(t, rng)) for t in tasks]
+    flaws = [(HABITS.get(t.metadata["order"][0][0]), demonstrator_flaw(t, rng)) for t in tasks]
     with_habit = [habit == flaw for habit, flaw in flaws if habit is not None]
     assert 0.6 < sum(with_habit) / len(with_habit) < 0.8
     clean = [flaw is None for habit, flaw in flaws if habit is None]
@@ -171,7 +174,7 @@ def test_shipped_baseline_is_a_weak_agent():
         assert sum(result[mode]["failures"].values()) == result[mode]["n"]
     assert result["greedy"]["temperature"] == 0.0 and result["sampled"]["temperature"] == 1.0
     assert set(FLAWS) <= set(result["sampled"]["failures"])  # the SFT agent makes every kind of mistake
-    assert result["build_wall_s"] < 600
+    assert result["build_cpu_s"] < 600  # CPU seconds: on a shared machine the wall clock says more about the neighbours
 
 
 def test_data_folder_is_small():

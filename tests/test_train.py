@@ -92,6 +92,7 @@ def test_short_run_and_kill_resume_give_the_same_numbers(tmp_path, one_thread):
     summary = json.loads((run / "summary.json").read_text())
     assert {"success", "tool_calls", "turns", "pass@2", "pass@1"} <= set(summary["before"]) & set(summary["after"])
     assert "eval/pass@2" in lines[0] and "eval/success" in lines[2] and "eval/pass@2" not in lines[2]
+    assert "eval/pass@1" in lines[2]  # one sampled episode per task in between: the sampled-success curve
     assert "eval/pass@2" in lines[4] and "eval/success" not in lines[1]
     assert (run / "curves.png").exists() and (run / "trajectories" / "step-0002.jsonl").exists()
     assert (run / "eval" / "step-0004.jsonl").exists() and (run / "checkpoint-4").exists()

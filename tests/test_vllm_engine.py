@@ -11,8 +11,8 @@ What is checked:
   (the temperature-scaled convention of ``helpers.policy.base``);
 * adapter versions: after ``sync`` with changed adapter weights, vLLM's log-probs are the
   new adapter's (they match transformers with the new weights, not with the old ones);
-* seeding (on CPU, the per-call engine seed): the same seed gives the same samples, the G
-  samples of a group differ, and seeded multi-token sampling does not crash the engine;
+* seeds: the same seed gives the same samples, the G samples of a group differ, and seeded
+  sampling of long batches does not kill the CPU engine (it did with chunked prefill);
 * a short training run with ``backend="vllm"`` whose rewards track the transformers run's.
 """
 
@@ -31,7 +31,7 @@ from helpers.policy.vllm import VLLMPolicy  # noqa: E402
 from helpers.rollout import render  # noqa: E402
 from helpers.tiny import make_tiny_tasks  # noqa: E402
 
-TOLERANCE = 1e-4  # per-token log-prob, float32 on both sides (measured: ~1e-6)
+TOLERANCE = 1e-4  # per-token log-prob, float32 on both sides (measured: up to ~6e-5, on low-probability tokens)
 MAX_LEN = 192  # the tiny-cpu preset's episode budget
 G = 4  # samples per prompt
 
@@ -52,14 +52,17 @@ def prompts(tiny):
 
 
 def random_lora(model, seed: int):
-    """A peft copy of ``model`` with a random (non-zero) LoRA adapter, rank 8 on every linear layer."""
+    """A peft copy of ``model`` with a random (non-zero) LoRA adapter, rank 8 on every linear layer.
+
+    The scale is a trained one's: a 10-step tiny-cpu run ends with A std 0.048, B std 0.016. Much
+    larger random adapters inflate the logits, and float32 rounding grows with them (std 0.1: ~1e-4)."""
     from peft import get_peft_model
 
     torch.manual_seed(seed)
     peft_model = get_peft_model(copy.deepcopy(model), lora_config(get_preset("tiny-cpu")))
     for name, p in peft_model.named_parameters():
-        if "lora_" in name:
-            torch.nn.init.normal_(p, std=0.1)  # B = 0 would be the base model again
+        if "lora_" in name:  # B = 0 (peft's initialisation) would be the base model again
+            torch.nn.init.normal_(p, std=0.05 if "lora_A" in name else 0.02)
     return peft_model.eval()
 
 
@@ -115,18 +118,22 @@ def test_a_new_adapter_version_changes_vllm_as_it_changes_transformers(engine, p
     assert max_logprob_diff(old, rows, gens, 1.0) > 100 * TOLERANCE  # ...not from a cached old version
 
 
-def test_seeds_reproducible_and_distinct_within_a_group(engine, prompts):
-    """On CPU the engine is re-seeded per call, on a GPU each request has its own seed: either way."""
-    _, first = sample(engine, prompts[:1], temperature=1.0, seed=7)
-    _, again = sample(engine, prompts[:1], temperature=1.0, seed=7)
-    _, other = sample(engine, prompts[:1], temperature=1.0, seed=8)
-    tokens = [tuple(g.token_ids) for g in first]
-    assert tokens == [tuple(g.token_ids) for g in again]  # same seed, same samples
-    assert len(set(tokens)) > 1  # the G samples of one task differ
-    assert tokens != [tuple(g.token_ids) for g in other]
+def test_seeds_reproducible_distinct_and_safe_on_long_batches(engine, prompts):
+    """One seed per request (seed + i). 32 prompts of 150 tokens (4,800 tokens) are more than vLLM's
+    default prefill chunk (4,096): the batch that killed the CPU engine before chunked prefill was off."""
+    rows = [sum(prompts, [])[:150]] * 32  # one long prompt (the four tasks back to back), 32 times
+
+    def tokens(seed):
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=seed)
+        return [tuple(g.token_ids) for g in engine.generate(rows, params)]
+
+    first = tokens(7)
+    assert first == tokens(7)  # same seed, same samples
+    assert len(set(first)) > 1  # the samples of one prompt differ
+    assert first != tokens(8)
 
 
-def test_training_with_the_vllm_backend_tracks_the_transformers_backend(tmp_path):
+def test_training_with_the_vllm_backend_tracks_the_transformers_backend(tmp_path, one_thread):
     """10 steps of the tiny-cpu preset with each backend, same seed: the samplers differ, so the
     rewards do not match step by step, but both learn alike (window means close, both going up)."""
     from helpers.train import train

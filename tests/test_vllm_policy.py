@@ -82,9 +82,6 @@ class FakeLLM:
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache", None))
 
-    def collective_rpc(self, method, args=()):
-        self.calls.append(("collective_rpc", (method, args)))
-
 
 @dataclass
 class FakePlatform:
@@ -159,7 +156,7 @@ def test_llm_is_built_from_the_preset(fake_vllm, tmp_path):
     assert kwargs["enable_sleep_mode"] is True
     assert kwargs["max_model_len"] == config.max_total_tokens
     assert kwargs["logprobs_mode"] == "processed_logprobs"  # after temperature, as HFPolicy (helpers.policy.base)
-    assert "worker_extension_cls" not in kwargs and "kv_cache_memory_bytes" not in kwargs  # CPU only
+    assert "kv_cache_memory_bytes" not in kwargs and "enable_chunked_prefill" not in kwargs  # CPU only
     assert policy.tokenizer == "fake-tokenizer"  # vLLM's own when none is given
     assert policy.lora_request is None  # base model until the first update
 
@@ -257,24 +254,21 @@ def test_no_sleep_mode_never_sleeps(fake_vllm, tmp_path):
     assert [c for c, _ in FakeLLM.instances[-1].calls] == ["generate"]
 
 
-def test_cpu_no_sleep_mode_explicit_kv_cache_and_engine_seeds(fake_vllm_cpu, tmp_path, capsys):
+def test_cpu_no_sleep_mode_explicit_kv_cache_and_no_chunked_prefill(fake_vllm_cpu, tmp_path, capsys):
     """On CPU: sleep mode off (vLLM refuses it there), a KV cache sized for one rollout batch
-    instead of a share of host RAM, and seeds that re-seed the engine, not each request."""
-    from helpers.policy.vllm import kv_cache_bytes
-
+    instead of a share of host RAM, and no chunked prefill (it kills the CPU engine when
+    requests have seeds); each request keeps its own seed, as on a GPU."""
     config = get_preset("tiny-cpu", backend="vllm")
     policy = make_policy(tmp_path, **{f: getattr(config, f) for f in ("model", "dtype", "lora_r", "max_total_tokens",
                                                                        "tasks_per_step", "num_generations", "vllm_dtype")})
     kwargs = FakeLLM.instances[-1].kwargs
-    assert "no sleep mode" in capsys.readouterr().out
+    assert "sleep mode is not supported" in capsys.readouterr().out
     assert kwargs["enable_sleep_mode"] is False and "gpu_memory_utilization" not in kwargs
-    # tiny model: 2 (K, V) x 4 layers x 4 heads x 32 dims x 4 bytes = 4 KiB a token, for 64 x 192 tokens
-    assert kwargs["kv_cache_memory_bytes"] == kv_cache_bytes(kwargs["model"], "float32", 192, 64) == 4096 * 192 * 64
-    assert kwargs["worker_extension_cls"] == "helpers.policy.vllm.EngineSeed" and kwargs["enforce_eager"] is True
+    # tiny model: 2 (K, V) x 4 layers x 4 heads x 32 dims x 4 bytes = 4 KiB a token, for 64 sequences x 192 tokens
+    assert kwargs["kv_cache_memory_bytes"] == 4096 * 192 * 64
+    assert kwargs["enable_chunked_prefill"] is False and kwargs["max_num_batched_tokens"] == 192 * 64
+    assert kwargs["enforce_eager"] is True
     policy.generate([[1], [1]], SamplingParams(max_new_tokens=2, seed=5))
-    (rpc, (method, args)), (gen, details) = FakeLLM.instances[-1].calls
-    assert (rpc, method, args) == ("collective_rpc", "reseed_sampler", (5,))  # the engine is seeded per call...
-    assert all(sp.seed is None for sp in details["params"])  # ...and no request has a seed (it kills the CPU engine)
+    assert [sp.seed for sp in FakeLLM.instances[-1].calls[-1][1]["params"]] == [5, 6]
     policy.sleep()
-    assert [c for c, _ in FakeLLM.instances[-1].calls][-1] == "generate"  # sleep is a no-op
-
+    assert [c for c, _ in FakeLLM.instances[-1].calls] == ["generate"]  # sleep is a no-op

@@ -26,17 +26,22 @@ reported as the median with its spread (min-max) over the repeats. Reported: gen
 contenders sample the same tokens each time: the spread is timing noise alone.
 
 Why the batched / one-at-a-time ratio moves from run to run (README 15.4x, notebook 03 7.3x,
-3.3x in a later run): it is a ratio of two timings on a shared machine, and the two sides do
-not suffer alike. The one-at-a-time loop is thousands of tiny forward passes: it is bound by
-Python and kernel-launch overhead and barely cares about other load. The batched loop is few,
-larger passes: its time is arithmetic, so it is what slows down when other processes take the
-cores, and with more than one torch thread its OpenMP threads spin-wait on each other when a
-core is taken (measured: 20x slower sampling with 2 threads under load). So the ratio is
-largest on an idle machine with one thread, and falls with load and with threads. The load
-average is printed with the results; compare ratios only at the same load and thread count.
+3.3x in a later run, each one unrepeated run): it is a ratio of two timings on a shared
+machine, and the thread count decides how much the load moves it. Measured on 2 cores with
+other jobs running (load average ~5), 8 tasks x G = 8, one-at-a-time on 2 tasks, 3 repeats:
 
-Threads: one torch thread by default. The tiny model's matrices are too small for intra-op
-parallelism to pay. ``--threads 2`` is there to try.
+    1 torch thread:  batched 1176 tok/s, one at a time 137 tok/s; ratio 8.6x (8.2-10.2)
+    2 torch threads: batched  103 tok/s, one at a time  12 tok/s; ratio 8.5x (6.7-62.6)
+
+With two threads every op waits for its slower thread, and when another process holds a core
+that wait is a scheduler time slice: both loops run ~10x slower, and the ratio swings with
+whichever loop happened to lose more slices. With one thread nothing waits on anything; load
+only shares the core, and the ratio stays within ~25%. So: one thread, several repeats, and
+the load average (printed) beside the ratio; a single run at unknown load and thread count
+says little.
+
+Threads: one torch thread by default (above). The tiny model's matrices are too small for
+intra-op parallelism to pay even on an idle machine. ``--threads 2`` is there to try.
 
 Simplifications, named: the tiny model is barely trained, so episodes differ in length
 between backends (vLLM samples other tokens than transformers from the same distribution);

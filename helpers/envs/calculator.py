@@ -17,7 +17,7 @@ from helpers.envs.tools import Tool, ToolEnv
 
 CALCULATOR = Tool(
     name="calculator",
-    description="Evaluate an arithmetic expression exactly, e.g. 47*86 or (12+3)/4. Supports + - * / // % ** and parentheses.",
+    description="Evaluate an arithmetic expression exactly, e.g. 47*86 or (12+3)/4. Supports + - * / // % ** (^ also means power) and parentheses.",
     parameters={"expression": "the arithmetic expression to evaluate"},
     fn=calculate,
 )

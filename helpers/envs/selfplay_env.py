@@ -15,9 +15,11 @@ The grammar, one line:
 
     proposal := "<task>" A "*" B "</task>"      A, B: integers MIN_OPERAND..MAX_OPERAND, no leading zero
 
-Difficulty of a valid task = the digits of its two operands together (2 for "3*4", 6 for
-"123*456"): the solver's job is to copy the expression into the calculator, and every
-extra digit is one more to copy at a new distance, so it is what makes the tiny solver fail.
+Difficulty of a valid task = the digits of its two operands together (4 for "47*86", 6 for
+"123*456"): the solver's job is to copy the expression into the calculator and the result
+into its answer, and every extra digit is one more to copy at a new distance. The warm
+start copies two-digit operands well and three-digit ones badly, so difficulty is what
+makes the tiny solver fail.
 
 Nothing the model writes makes ``step`` raise (the env contract): text outside the
 grammar, an operand out of range, a megabyte of digits all end the episode with
@@ -41,14 +43,14 @@ from helpers.data import Task
 from helpers.envs.base import Env, StepResult
 from helpers.envs.registry import register_env
 
-MIN_OPERAND, MAX_OPERAND = 2, 999  # 0 and 1 make trivial products; four digits are past the grammar
+MIN_OPERAND, MAX_OPERAND = 10, 999  # two or three digits: one-digit products the tiny model could learn by heart
 PROPOSAL = re.compile(r"\s*<task>(\d{1,9})\*(\d{1,9})</task>\s*")  # at most 9 digits parsed: an "out of range", not a bignum
 PROPOSER_SYSTEM = "You write tasks for a solver. Write one as <task>A*B</task>."
 PROPOSER_QUESTION = "Propose a task."
 
 
 def difficulty(expression: str) -> int:
-    """Digits of the operands together: ``difficulty("47*86") == 4``, ``difficulty("7*123") == 4``."""
+    """Digits of the operands together: ``difficulty("47*86") == 4``, ``difficulty("47*123") == 5``."""
     return sum(len(operand) for operand in expression.split("*"))
 
 

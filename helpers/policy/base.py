@@ -4,7 +4,7 @@ A policy turns token-id prompts into sampled continuations with their log-probs.
 It is token-in/token-out on purpose: the rollout keeps the exact token ids, so the
 tokens trained on are exactly the tokens sampled (no re-tokenisation drift).
 
-Backends: ``policy.hf`` (transformers, CPU/GPU) and ``policy.vllm`` (GPU);
+Backends: ``policy.hf`` (transformers, CPU/GPU) and ``policy.vllm`` (vLLM: GPU, or its CPU build);
 ``ScriptedPolicy`` below plays fixed replies (tests, demos of the rollout's guards).
 
 Log-prob convention, for every backend (TRL's and vLLM's):

@@ -1,4 +1,4 @@
-"""vLLM backend (采样模块): the same ``Policy.generate`` as the transformers backend, much faster.
+"""vLLM backend (采样模块): the same ``Policy.generate`` as the transformers backend; on a GPU, much faster.
 
     policy = VLLMPolicy.from_config(config)           # vllm.LLM(enable_lora=True, ...)
     gens = policy.generate(prompt_ids, params)        # rollout: token ids in, Generations out
@@ -38,15 +38,15 @@ in CI) and on a GPU. What differs on CPU, handled here, each with a message at s
   RAM" (and vLLM refuses to start if that much is not free). Instead the KV cache is
   given an explicit size, ``kv_cache_memory_bytes``: room for one rollout batch
   (``cpu_kv_sequences`` sequences of ``max_model_len`` tokens), from the model's shape;
-  a larger batch (an evaluation) is queued by vLLM's scheduler, not refused.
-* **Seeds.** A per-request ``SamplingParams(seed=...)`` kills the CPU engine core
-  ("CPU Generator does not use offset": its per-request generators lack what the
-  scheduler uses to rewind them). So on CPU the *engine's* random generator is
-  re-seeded before each ``generate`` call (``EngineSeed``, a vLLM worker extension,
-  reached through ``collective_rpc``): the G samples of one task still differ (each
-  row draws its own noise from that generator), and a call with the same seed, prompts
-  and adapter gives the same samples, so a resumed run samples what the killed one did.
-  On a GPU each request keeps its own seed (seed + i).
+  a larger batch (an evaluation with pass@k) is queued by vLLM's scheduler, not refused.
+* **Seeds, and no chunked prefill.** Each request has its own seed (seed + i), on CPU as on
+  a GPU: the G samples of one task differ, and a call with the same seed, prompts and
+  adapter gives the same samples whatever else is in the batch, so a resumed run samples
+  what the killed one did. On CPU this needs chunked prefill switched off: when a long
+  prompt is prefilled in pieces, vLLM rewinds that request's random generator
+  (``set_offset``), which a CPU generator cannot do, and the engine core dies ("CPU
+  Generator does not use offset"). So ``max_num_batched_tokens`` is raised to a whole
+  rollout batch and every prompt is prefilled in one step.
 * **Eager mode.** ``enforce_eager=True``: no torch.compile warm-up at start (tens of
   seconds on 2 cores), which the tiny model would never earn back.
 
@@ -79,27 +79,23 @@ def _import_vllm():
     return vllm, LoRARequest, current_platform
 
 
-class EngineSeed:
-    """A vLLM worker extension (``worker_extension_cls``): methods vLLM adds to its worker,
-    callable by name with ``llm.collective_rpc``. The CPU engine samples with noise drawn
-    from the worker process's global torch generator; re-seeding it is the CPU seeding scheme."""
-
-    def reseed_sampler(self, seed: int) -> None:
-        import torch
-
-        torch.manual_seed(seed)
-
-
-def kv_cache_bytes(model: str, dtype: str, max_model_len: int, sequences: int) -> int:
-    """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens:
-    keys and values (2) x layers x kv heads x head dim x bytes per number, per token."""
+def cpu_engine_args(model: str, dtype: str, max_model_len: int | None, sequences: int) -> dict:
+    """vLLM options for its CPU build (module docstring, "What differs on CPU"), sized for
+    ``sequences`` sequences of ``max_model_len`` tokens (None: the model's longest)."""
     import torch
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(model)
+    length = max_model_len or c.max_position_embeddings
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    # keys and values (2) x layers x kv heads x head dim x bytes per number, per token
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * getattr(torch, dtype).itemsize
-    return per_token * max_model_len * sequences
+    return dict(
+        kv_cache_memory_bytes=per_token * length * sequences,
+        enable_chunked_prefill=False,  # per-request seeds kill the CPU engine when a prompt is prefilled in chunks
+        max_num_batched_tokens=length * sequences,  # so a whole batch of prompts must fit one step
+        enforce_eager=True,  # no torch.compile warm-up at start
+    )
 
 
 class VLLMPolicy:
@@ -121,17 +117,13 @@ class VLLMPolicy:
         **llm_kwargs,
     ):
         vllm, self._LoRARequest, platform = _import_vllm()
-        self.on_cpu = platform.is_cpu()
         if enable_sleep_mode and not platform.is_sleep_mode_available():
-            print(f"vLLM on {platform.device_name}: no sleep mode here; the engine keeps its memory during the update")
+            print(f"vLLM on {platform.device_name}: sleep mode is not supported here; the engine keeps its memory during updates")
             enable_sleep_mode = False
-        if self.on_cpu:
-            # Explicit KV-cache size and eager mode, per-call engine seeds (module docstring, "What differs on CPU").
-            llm_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes(model, dtype, max_model_len or 2048, cpu_kv_sequences))
-            llm_kwargs.setdefault("enforce_eager", True)
-            llm_kwargs.setdefault("worker_extension_cls", f"{__name__}.{EngineSeed.__name__}")
-            print(f"vLLM on CPU: KV cache {llm_kwargs['kv_cache_memory_bytes'] / GIB:.2f} GiB "
-                  f"({cpu_kv_sequences} sequences x {max_model_len} tokens); seeds re-seed the engine per call")
+        if platform.is_cpu():
+            llm_kwargs = {**cpu_engine_args(model, dtype, max_model_len, cpu_kv_sequences), **llm_kwargs}
+            print(f"vLLM on CPU: KV cache {llm_kwargs['kv_cache_memory_bytes'] / GIB:.2f} GiB (room for "
+                  f"{cpu_kv_sequences} full-length sequences) instead of a share of RAM; no chunked prefill")
         else:
             llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # vLLM's share: weights + workspace + KV cache
         self.llm = vllm.LLM(
@@ -230,9 +222,8 @@ class VLLMPolicy:
     def sampling_params(self, params: SamplingParams, prompt_lengths: list[int]) -> list:
         """One ``vllm.SamplingParams`` per prompt.
 
-        With a seed, on a GPU, prompt i gets seed + i: a shared per-request seed would make
-        the G samples of one task identical (on CPU the engine is seeded instead, see
-        ``generate``). ``max_tokens`` is capped so that prompt + reply fits
+        With a seed, prompt i gets seed + i: a shared per-request seed would make the G
+        samples of one task identical. ``max_tokens`` is capped so that prompt + reply fits
         ``max_model_len`` (the rollout's batch-wide budget can exceed a long prompt's room;
         the rollout cuts each row to its own budget afterwards).
         """
@@ -249,7 +240,7 @@ class VLLMPolicy:
         out = []
         for i, length in enumerate(prompt_lengths):
             room = params.max_new_tokens if self.max_model_len is None else max(1, self.max_model_len - length)
-            seed = None if params.seed is None or self.on_cpu else params.seed + i
+            seed = None if params.seed is None else params.seed + i
             out.append(self._SamplingParams(max_tokens=min(params.max_new_tokens, room), seed=seed, **common))
         return out
 
@@ -261,8 +252,6 @@ class VLLMPolicy:
         if self._prefix_cache_stale:  # done here, awake, not in sync (vLLM may be asleep then)
             self.llm.reset_prefix_cache()
             self._prefix_cache_stale = False
-        if self.on_cpu and params.seed is not None:
-            self.llm.collective_rpc("reseed_sampler", args=(params.seed,))
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts],  # a TokensPrompt: no re-tokenisation
             self.sampling_params(params, [len(p) for p in prompts]),
