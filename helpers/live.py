@@ -96,14 +96,18 @@ class LiveCurves:
     run_dir:      where ``close()`` saves ``curves.png`` (None: do not save)
     notebook:     force a mode; None detects it with ``in_notebook()``
     total_steps:  printed as ``step 3/60``
+    title:        a label over the figure and before every line (e.g. "CPU SMOKE RUN"), so no picture of a
+                  run can be taken for another kind of run
 
     Taught in notebooks/06_training_loop.ipynb §2.
     """
 
-    def __init__(self, run_dir: str | Path | None = None, notebook: bool | None = None, total_steps: int | None = None):
+    def __init__(self, run_dir: str | Path | None = None, notebook: bool | None = None, total_steps: int | None = None,
+                 title: str | None = None):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.notebook = in_notebook() if notebook is None else notebook
         self.total_steps = total_steps
+        self.title = title
         self.history: dict[str, list[tuple[int, float]]] = {key: [] for key in KEYS}
         self._fig = None
         self._fig_handle = None
@@ -119,7 +123,7 @@ class LiveCurves:
     def update(self, step: int, metrics: dict) -> None:
         """Record this step's metrics and refresh the display."""
         self.record(step, metrics)
-        line = format_line(step, metrics, self.total_steps)
+        line = (f"{self.title} | " if self.title else "") + format_line(step, metrics, self.total_steps)
         if self.notebook:
             self._show(line)
         else:
@@ -147,6 +151,8 @@ class LiveCurves:
             ax.grid(alpha=0.3)
             if ylabel in ("success rate", "fraction"):
                 ax.set_ylim(-0.02, 1.02)
+        if self.title:
+            self._fig.suptitle(self.title, fontsize=11)
         self._fig.tight_layout()
         return self._fig
 

@@ -45,16 +45,12 @@ from helpers.paths import TINY_DIR
 # --- tokenizer -----------------------------------------------------------------------------
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>"]  # one token each
 SPECIAL_TOKENS = [
     PAD,  # id 0: padding (as Qwen's <|endoftext|>)
     IM_START,
     IM_END,  # end of turn = eos
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    "<answer>",
-    "</answer>",
+    *TAGS,  # ids 3-8; single tokens for the BPE trainer, but not special for the tokenizer (see train_tokenizer)
 ]
 VOCAB_SIZE = 512  # at most: 9 special tokens + 256 bytes + merges (training stops near 440); Qwen has 151,646
 
@@ -104,7 +100,7 @@ def train_tokenizer(conversations: list[list[dict]], tools: list[dict] | None, v
     model copies numbers digit by digit) and keeps merges inside words.
     Byte level means any text encodes (no unknown token).
     """
-    from tokenizers import Tokenizer, models, trainers
+    from tokenizers import AddedToken, Tokenizer, models, trainers
     from transformers import Qwen2Tokenizer
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -117,16 +113,20 @@ def train_tokenizer(conversations: list[list[dict]], tools: list[dict] | None, v
     )
     bpe.train_from_iterator(texts, trainer)
     trained = json.loads(bpe.to_str())["model"]
-    return Qwen2Tokenizer(
+    tokenizer = Qwen2Tokenizer(
         vocab=trained["vocab"],
         merges=[tuple(m) for m in trained["merges"]],
         eos_token=IM_END,
         pad_token=PAD,
-        extra_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
+        extra_special_tokens=[IM_START],
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
         model_max_length=1024,
     )
+    # The tags are single tokens but not *special* ones, as in Qwen2.5: decode(skip_special_tokens=True)
+    # (what TRL does to completions) must keep "<answer>42</answer>", or every reward that reads them is 0.
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAGS])
+    return tokenizer
 
 
 def _byte_alphabet() -> list[str]:

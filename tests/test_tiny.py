@@ -142,3 +142,16 @@ def test_build_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
     timings = {"build_wall_s", "build_cpu_s"}
     assert {k: v for k, v in first.items() if k not in timings} == {k: v for k, v in second.items() if k not in timings}
+
+
+def test_tags_are_single_tokens_that_decoding_keeps():
+    """<answer> and <tool_call> are one token each, but not special ones (as in Qwen2.5): TRL decodes
+    completions with skip_special_tokens=True, and a reward reading the tags must still see them."""
+    from helpers.tiny import TAGS, load_tokenizer
+
+    tokenizer = load_tokenizer()
+    text = "<tool_call>\n{}\n</tool_call><answer>42</answer>"
+    ids = tokenizer(text)["input_ids"]
+    assert [tokenizer.convert_tokens_to_ids(tag) for tag in TAGS] == list(range(3, 9))
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=True) == ""  # <|im_end|> stays special
