@@ -237,32 +237,22 @@ PRESETS.update({"gsm8k-24gb": gsm8k_24gb, "gsm8k-t4": gsm8k_t4, "gsm8k-cpu-smoke
 def tiny_agent() -> TrainConfig:
     """The multi-step tiny world (``helpers.tiny_agent``): look up two prices, compute the bill, answer.
 
-    The SFT warm start (data/tiny-agent) is a weak agent: greedy, it follows its demonstrator's
-    habits (guess a price, stop after one call, ask the calculator for a price) on three
-    tasks in four. The reward is the outcome alone, no bonus for calling tools: GRPO has to
-    find out that looking both prices up is what pays.
+    The SFT warm start (data/tiny-agent) is meant to be a weak agent that follows its
+    demonstrator's habits (guess a price, stop after one call, ask the calculator for a
+    price). The reward is the outcome alone, no bonus for calling tools: GRPO has to find
+    out that looking both prices up is what pays. Not yet verified: the shipped checkpoint
+    solves no held-out task, even sampled (see helpers.tiny_agent), so there is nothing to reinforce.
     """
-    return TrainConfig(
+    return replace(  # the one-call world's run (tiny_cpu), on the shop world's model, data and env
+        tiny_cpu(),
         model="data/tiny-agent",
-        device="cpu",
         dataset="tiny-agent",
         env="shop",  # helpers.envs.shop: lookup(item) + calculator(expression)
         env_max_steps=5,  # the plan takes 4 turns (lookup, lookup, calculator, answer); one to spare
-        rewards={"correct": 1.0},
-        lr=5e-3,
-        lora_r=8,
-        lora_alpha=16,
         steps=40,  # the lr decays linearly to 0 over these steps
-        tasks_per_step=8,
-        num_generations=8,
         max_new_tokens=40,  # one turn: the longest (the calculator call) is ~30 tokens
         max_total_tokens=320,  # the 4-turn episode is ~170 tokens; error messages are longer
         eval_every=5,  # 8 held-out points on the curve; a greedy evaluation costs about one step's rollout
-        eval_tasks=64,
-        pass_k=4,
-        save_every=10,
-        log_trajectories_every=5,
-        skip_zero_spread=True,  # groups that all succeed (or all fail) carry no signal: skip them
     )
 
 

@@ -294,6 +294,25 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny b
 )
 
 
+def start_build(defaults: dict, overrides: dict) -> tuple[dict, float, float, int]:
+    """What every tiny-world build starts with: its recipe (``defaults`` with ``overrides``; an
+    unknown setting is an error), the wall and CPU clocks, and one seeded torch thread (the same
+    float sums on every machine, so the same checkpoint from the seed).
+    Returns (recipe, wall clock, CPU clock, the thread count to restore at the end)."""
+    import time
+
+    import torch
+
+    unknown = set(overrides) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(defaults)}")
+    recipe = {**defaults, **overrides}
+    started, cpu_started, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(recipe["seed"])
+    return recipe, started, cpu_started, threads
+
+
 def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the tiny model from the seed: tokenizer, SFT on a tool/no-tool mixture,
     save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
@@ -303,14 +322,7 @@ def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dic
 
     from helpers.sft import encode_conversations, train_sft
 
-    unknown = set(overrides) - set(BUILD)
-    if unknown:
-        raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(BUILD)}")
-    recipe = {**BUILD, **overrides}
-    started, cpu_started = time.perf_counter(), time.process_time()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # same float sums on every machine, so the same checkpoint from the seed
-    torch.manual_seed(recipe["seed"])
+    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
     tools = calculator_tools()
     tasks = make_tiny_tasks(recipe["train_tasks"], recipe["seed"], "train")
     coin = random.Random(recipe["seed"])

@@ -330,3 +330,23 @@ def test_hub_reachable_respects_offline_and_failures(monkeypatch):
 
     monkeypatch.setattr(data.socket, "create_connection", no_network)
     assert data.hub_reachable() is False
+
+
+def test_a_bad_utf8_byte_is_reported_with_file_and_row(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(b'{"question": "Q", "answer": "#### 1"}\n{"question": "Q\xff", "answer": "#### 2"}\n')
+    with pytest.raises(DatasetError, match=r"g\.jsonl, row 2: not valid UTF-8 \(byte 0xff at column 16\)"):
+        load_gsm8k(source=path)
+
+
+def test_the_dataset_registry_loads_each_split_and_refuses_unknown_names():
+    from helpers.data import list_datasets, load_dataset
+
+    assert {"tiny", "gsm8k", "gsm8k-sample"} <= set(list_datasets())
+    train, test = load_dataset("gsm8k-sample", "train"), load_dataset("gsm8k-sample", "test")
+    assert not {t.id for t in train} & {t.id for t in test}
+    assert len(load_dataset("tiny", "test", 5, seed=3)) == 5
+    with pytest.raises(DatasetError, match="unknown dataset"):
+        load_dataset("gsm9k", "train")
+    with pytest.raises(DatasetError, match="unknown split"):
+        load_dataset("tiny", "dev")

@@ -235,7 +235,8 @@ def test_gradient_checkpointing_same_update(tiny):
     for checkpointing in (False, True):
         torch.manual_seed(0)  # the same LoRA initialisation for both
         trainer = LoRAGRPO(copy.deepcopy(model), config(gradient_checkpointing=checkpointing))
-        assert trainer.model.get_base_model().is_activation_checkpointing == checkpointing
+        base = trainer.model.get_base_model()  # transformers >= 5.20 renamed the flag (the old name warns)
+        assert getattr(base, "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else "is_gradient_checkpointing") == checkpointing
         trainer.train_step(fake_trajectories(trainer, generator=torch.Generator().manual_seed(6)))
         weights.append([p.detach().clone() for p in trainer.params])
     for a, b in zip(*weights):

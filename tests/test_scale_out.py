@@ -144,3 +144,11 @@ def driver(argv: list[str]) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     driver(sys.argv[1:])
+
+
+def test_the_documented_command_is_the_one_tested():
+    """README.md and notebook 07 show the CPU scale-out command this file runs, letter for letter."""
+    from helpers.paths import ROOT
+
+    for doc in ("README.md", "notebooks/07_gsm8k_24gb.ipynb"):
+        assert README_COMMAND in (ROOT / doc).read_text(), f"{doc} does not show {README_COMMAND!r}"

@@ -43,7 +43,7 @@ from helpers.data import Task
 from helpers.envs.base import Env, StepResult
 from helpers.envs.registry import register_env
 
-MIN_OPERAND, MAX_OPERAND = 10, 999  # two or three digits: one-digit products the tiny model could learn by heart
+MIN_OPERAND, MAX_OPERAND = 10, 999  # two or three digits: the lengths the warm start was taught to copy
 PROPOSAL = re.compile(r"\s*<task>(\d{1,9})\*(\d{1,9})</task>\s*")  # at most 9 digits parsed: an "out of range", not a bignum
 PROPOSER_SYSTEM = "You write tasks for a solver. Write one as <task>A*B</task>."
 PROPOSER_QUESTION = "Propose a task."
