@@ -39,7 +39,6 @@ PANELS = [
     ("completion length", "tokens", [("completions/mean_length", "policy tokens per episode")]),
     ("step time split", "seconds", [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_update", "update")]),
 ]
-KEYS = [key for _, _, series in PANELS for key, _ in series if key]
 
 # Keys of the one-line console summary, with their print formats, in order.
 LINE_FIELDS = [
@@ -72,7 +71,7 @@ def in_notebook() -> bool:
     return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
 
 
-def format_line(step: int, metrics: dict, total_steps: int | None = None) -> str:
+def format_line(step: int, metrics: dict, total_steps: int | None = None, fields: list = LINE_FIELDS) -> str:
     """One console line for a step: the headline metrics and the time split.
 
     >>> format_line(3, {"reward": 0.5, "t_rollout": 1.0, "t_reward": 0.01, "t_update": 0.5}, 10)
@@ -80,7 +79,7 @@ def format_line(step: int, metrics: dict, total_steps: int | None = None) -> str
     """
     head = f"step {step:4d}" + (f"/{total_steps}" if total_steps else "")
     parts = [head]
-    for key, fmt in LINE_FIELDS:
+    for key, fmt in fields:
         value = metrics.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             parts.append(fmt.format(value))
@@ -98,17 +97,19 @@ class LiveCurves:
     total_steps:  printed as ``step 3/60``
     title:        a label over the figure and before every line (e.g. "CPU SMOKE RUN"), so no picture of a
                   run can be taken for another kind of run
+    panels, line_fields: what to draw and print (default ``PANELS`` and ``LINE_FIELDS``; self-play has its own)
 
     Taught in notebooks/06_training_loop.ipynb §2.
     """
 
     def __init__(self, run_dir: str | Path | None = None, notebook: bool | None = None, total_steps: int | None = None,
-                 title: str | None = None):
+                 title: str | None = None, panels: list = PANELS, line_fields: list = LINE_FIELDS):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.notebook = in_notebook() if notebook is None else notebook
         self.total_steps = total_steps
         self.title = title
-        self.history: dict[str, list[tuple[int, float]]] = {key: [] for key in KEYS}
+        self.panels, self.line_fields = panels, line_fields
+        self.history: dict[str, list[tuple[int, float]]] = {key: [] for _, _, series in panels for key, _ in series}
         self._fig = None
         self._fig_handle = None
         self._text_handle = None
@@ -123,7 +124,7 @@ class LiveCurves:
     def update(self, step: int, metrics: dict) -> None:
         """Record this step's metrics and refresh the display."""
         self.record(step, metrics)
-        line = (f"{self.title} | " if self.title else "") + format_line(step, metrics, self.total_steps)
+        line = (f"{self.title} | " if self.title else "") + format_line(step, metrics, self.total_steps, self.line_fields)
         if self.notebook:
             self._show(line)
         else:
@@ -136,7 +137,7 @@ class LiveCurves:
         if self._fig is None:
             self._fig = Figure(figsize=(13, 6.5))
             self._fig.subplots(2, 3)
-        for ax, (title, ylabel, series) in zip(self._fig.axes, PANELS):
+        for ax, (title, ylabel, series) in zip(self._fig.axes, self.panels):
             ax.clear()
             for key, label in series:
                 points = self.history[key]

@@ -67,7 +67,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -290,35 +289,6 @@ LINE_FIELDS = [
 ]
 
 
-class SelfPlayCurves(LiveCurves):
-    """``helpers.live.LiveCurves`` with the self-play panels and console line (same grid, same display)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.history = {key: [] for _, _, series in PANELS for key, _ in series}
-
-    def figure(self):
-        with _lent(PANELS=PANELS):
-            return super().figure()
-
-    def update(self, step: int, metrics: dict) -> None:
-        with _lent(LINE_FIELDS=LINE_FIELDS):
-            super().update(step, metrics)
-
-
-@contextmanager
-def _lent(**names):
-    """LiveCurves reads helpers.live's PANELS and LINE_FIELDS (it has no arguments for them yet): lend it ours for one call."""
-    import helpers.live
-
-    saved = {name: getattr(helpers.live, name) for name in names}
-    vars(helpers.live).update(names)
-    try:
-        yield
-    finally:
-        vars(helpers.live).update(saved)
-
-
 def tenth_means(history: list[dict], key: str) -> tuple[float | None, float | None]:
     """Mean of ``key`` over the first and the last tenth of the training steps (at least one step each)."""
     steps = [m for m in history if m["step"] > 0]
@@ -366,7 +336,7 @@ def train_selfplay(config: SelfPlayConfig, preset_name: str | None = None, live=
     model, tokenizer = load_model(config)
     trainer = LoRAGRPO(model, config)
     policy = make_policy(config, trainer.model, tokenizer)
-    live = live if live is not None else SelfPlayCurves(run_dir, total_steps=config.steps)
+    live = live if live is not None else LiveCurves(run_dir, total_steps=config.steps, panels=PANELS, line_fields=LINE_FIELDS)
     reporters = Reporters(config.report_to, run_dir, config)
     history, warned = [], []
 
