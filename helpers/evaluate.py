@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from helpers.config import PRESETS, get_preset
     from helpers.data import load_dataset
-    from helpers.envs import make_env
     from helpers.policy import load_model, make_policy
+    from helpers.train import env_factory  # the command line sits at the top, beside the trainer's: the same envs
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter.")
     parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS), help="model, dataset, env and limits")
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     policy = make_policy(config, model, tokenizer)
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
-    result = evaluate(policy, tasks, lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs),
+    result = evaluate(policy, tasks, env_factory(config),
                       k=config.pass_k if args.k is None else args.k, temperature=args.temperature or config.temperature,
                       greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
                       max_total_tokens=config.max_total_tokens, seed=args.seed)
