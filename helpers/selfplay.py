@@ -36,11 +36,17 @@ and both go into one ``LoRAGRPO.update``. One baseline for everything would mix 
 different reward scales (0/1 outcomes and learnability) and two different questions
 (notebook 09 shows what goes wrong).
 
+The proposer's advantages are then multiplied by ``proposer_weight`` (10 in the preset): the
+loss averages over tokens (dapo), and the proposer's 16 replies of ~15 tokens are a few per
+cent of a batch next to the solver's 128 episodes, so at weight 1 the solver's tokens drown
+its signal. The adapter is shared, so the solver's own step stays small (lr 1e-3, and
+``beta`` = 0.1 of KL to the warm start): larger steps made the greedy held-out success fall.
+
 Why a penalty for invalid tasks and not just 0: once most valid tasks are trivial (paid 0),
 an invalid one paid 0 is exactly as good, and nothing keeps the proposer in the grammar
 (an early run with ``invalid_reward = 0`` had steps where 3 of its 8 proposals were invalid).
 
-    python -m helpers.selfplay build                      # the warm start data/tiny-selfplay/ (~4 min CPU, 1 thread)
+    python -m helpers.selfplay build                      # the warm start data/tiny-selfplay/ (~7 min CPU, 1 thread)
     python -m helpers.selfplay baseline                   # held-out success by difficulty, proposer validity
     python -m helpers.train --preset tiny-selfplay        # the self-play run (dispatches to train_selfplay)
     python -m helpers.train --preset tiny-selfplay-fixed  # the same compute on a fixed dataset, for comparison
@@ -48,12 +54,15 @@ an invalid one paid 0 is exactly as good, and nothing keeps the proposer in the 
 Simplifications, named:
 
 * The one-call world, one operation: a task is a product of two numbers of 2-3 digits
-  (``helpers.envs.selfplay_env``); difficulty is their digits together (4..6).
+  (``helpers.envs.selfplay_env``); difficulty is their digits together (4..6). The warm
+  start (``BUILD``) was shown more 3-digit operands than the held-out set has, so that its
+  solver sometimes solves difficulty 6 (greedy 0.48 on the held-out set): a task it never
+  solves pays the proposer nothing, and a curriculum needs a next level that pays.
 * P = G (``num_generations``): a proposer group has as many samples as a solver group,
   so both roles' groups stack into one (K + V, G) advantage tensor and one update.
 * The proposer prompt never changes (no examples of earlier tasks in it, unlike Absolute
   Zero): what it proposes changes only because its adapter does.
-* Proposals are not kept from the held-out tasks (64 of the ~980,000 possible tasks);
+* Proposals are not kept from the held-out tasks (256 of the ~980,000 possible tasks);
   the fixed-dataset run's training split is kept from them by hash, as usual.
 * The solver's batch metrics keep the main loop's names (``reward``, ``success``,
   ``tool_calls`` ...), so the health checks read them unchanged; the proposer's are
@@ -78,8 +87,7 @@ from helpers.paths import ROOT
 from helpers.tiny import TINY_DIR, TINY_SYSTEM, split_of
 
 SELFPLAY_DIR = ROOT / "data" / "tiny-selfplay"
-SOLVER_DIGITS = {2: 0.5, 3: 0.5}  # share of operands with 2 and 3 digits in solver tasks (held-out set, fixed dataset, SFT)
-PROPOSER_DIGITS = {2: 0.85, 3: 0.15}  # the same in the proposer's SFT demonstrations: easy tasks, a few longer ones
+SOLVER_DIGITS = {2: 0.5, 3: 0.5}  # share of operands with 2 and 3 digits in solver tasks (held-out set, fixed dataset)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,12 +109,12 @@ def draw_expression(rng: random.Random, digit_weights: dict[int, float] = SOLVER
     return f"{a}*{b}"
 
 
-def make_selfplay_tasks(n: int, seed: int = 0, split: str = "test") -> list[Task]:
+def make_selfplay_tasks(n: int, seed: int = 0, split: str = "test", digit_weights: dict[int, float] = SOLVER_DIGITS) -> list[Task]:
     """``n`` distinct solver tasks of one split (the tiny world's hash split), difficulty 4..6."""
     rng = random.Random(f"selfplay-{seed}-{split}")
     tasks, seen = [], set()
     while len(tasks) < n:
-        expression = draw_expression(rng)
+        expression = draw_expression(rng, digit_weights)
         if expression not in seen and split_of(expression) == split:
             seen.add(expression)
             tasks.append(solver_task(expression, f"selfplay-{split}-{expression}"))
@@ -116,8 +124,9 @@ def make_selfplay_tasks(n: int, seed: int = 0, split: str = "test") -> list[Task
 @register_dataset("selfplay")
 def selfplay_dataset(split: str, n: int | None, seed: int) -> list[Task]:
     """The self-play world's fixed tasks: ``test`` is the held-out set the solver is measured on
-    (64 tasks); ``train`` (2,000) is what the fixed-dataset comparison run trains on."""
-    return make_selfplay_tasks(n if n is not None else (2000 if split == "train" else 64), seed=seed, split=split)
+    (256 tasks: one task is 0.004 of its success rate); ``train`` (2,000) is what the fixed-dataset
+    comparison run trains on."""
+    return make_selfplay_tasks(n if n is not None else (2000 if split == "train" else 256), seed=seed, split=split)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,12 +152,14 @@ def learnability(solver_rewards):
     return torch.where((p > 0) & (p < 1), 1 - p, torch.zeros_like(p))  # (V,)
 
 
-def role_advantages(proposer_rewards, solver_rewards, scale_rewards: str = "group"):
+def role_advantages(proposer_rewards, solver_rewards, scale_rewards: str = "group", proposer_weight: float = 1.0):
     """GRPO advantages with a baseline per role: ``group_advantages`` on each role's groups,
     stacked proposer groups first (the order the trajectories are collated in).
 
     proposer_rewards: (K, G): K proposer groups of G proposals (a proposal's reward is its learnability)
     solver_rewards:   (V, G): one row per valid proposed task, its G attempts' outcomes (may be V = 0)
+    proposer_weight:  multiplies the proposer's advantages (``SelfPlayConfig.proposer_weight``: its
+                      replies are a few tokens, the solver's many, and the loss averages over tokens)
     returns:          ``Advantages`` of shape (K + V, G)
     """
     import torch
@@ -156,6 +167,7 @@ def role_advantages(proposer_rewards, solver_rewards, scale_rewards: str = "grou
     from helpers.grpo import Advantages, group_advantages
 
     proposer = group_advantages(proposer_rewards, scale_rewards)  # (K, G)
+    proposer = Advantages(proposer.advantages * proposer_weight, proposer.zero_spread)
     if solver_rewards.size(0) == 0:
         return proposer
     solver = group_advantages(solver_rewards, scale_rewards)  # (V, G)
@@ -174,6 +186,8 @@ class SelfPlayConfig(TrainConfig):
     proposer_groups: int = 2  # K: proposer prompts per step, each sampled num_generations (P = G) times
     invalid_reward: float = -0.5  # an invalid task's reward: below a trivial task's 0, or nothing keeps the proposer in the grammar
     max_proposal_tokens: int = 24  # "<task>123*456</task>" is ~16 tokens; a proposal that runs on is cut (invalid)
+    proposer_temperature: float = 1.0  # the proposer's sampling temperature (``temperature`` is the solver's)
+    proposer_weight: float = 1.0  # multiplies the proposer's advantages: its ~15-token replies are a few % of the batch's tokens
 
 
 @dataclass
@@ -235,7 +249,7 @@ def play_round(policy, make_solver_env, reward, config: SelfPlayConfig, step: in
     from helpers.train import step_seed
 
     G, seed = config.num_generations, step_seed(config.seed, step)
-    propose = SamplingParams(config.max_proposal_tokens, config.temperature, config.top_p, seed=seed)
+    propose = SamplingParams(config.max_proposal_tokens, config.proposer_temperature, config.top_p, seed=seed)
     solve = SamplingParams(config.max_new_tokens, config.temperature, config.top_p, seed=seed + 500_000)
 
     # Proposer: K prompts x G samples; the env checks each proposal and computes its answer.
@@ -259,7 +273,7 @@ def play_round(policy, make_solver_env, reward, config: SelfPlayConfig, step: in
     for t, r, p in zip(valid, paid.tolist(), solver_rewards.mean(dim=1).tolist()):
         t.reward, t.reward_parts = r, {"learnability": r}
         t.info["solve_rate"] = p
-    advantages = role_advantages(group_rewards(proposals), solver_rewards, config.scale_rewards)  # (K + V, G)
+    advantages = role_advantages(group_rewards(proposals), solver_rewards, config.scale_rewards, config.proposer_weight)  # (K + V, G)
     return Round(proposals, attempts, advantages, time.perf_counter() - t0)
 
 
@@ -380,7 +394,8 @@ def train_selfplay(config: SelfPlayConfig, preset_name: str | None = None, live=
             save_trajectories(run_dir / TRAJECTORY_DIR / f"step-{step:04d}.jsonl", played.trajectories)
         if step == config.steps or (config.eval_every > 0 and step % config.eval_every == 0):
             metrics.update(held_out_success(step))
-        found = check_health(history + [metrics])  # the main loop's health checks, counted as warn/<kind>
+        found = (check_health(history + [metrics]) if "reward" in metrics  # the main loop's health checks, counted as warn/<kind>
+                 else [("all_zero_reward", "no valid proposal this step: the solver had nothing to attempt")])
         metrics.update({f"warn/{kind}": history[-1].get(f"warn/{kind}", 0) + sum(k == kind for k, _ in found) for kind in HEALTH_KINDS})
         warned += [f"step {step}: {message}" for _, message in found]
         print(*(f"WARNING step {step}: {message}" for _, message in found), sep="\n", end="\n" if found else "", flush=True)
@@ -412,10 +427,12 @@ def train_selfplay(config: SelfPlayConfig, preset_name: str | None = None, live=
 
 BUILD = dict(  # the recipe of data/tiny-selfplay; `python -m helpers.selfplay build` runs exactly this
     seed=0,
-    solver_demos=3000,  # solver conversations, operands of 2-3 digits (SOLVER_DIGITS), on the train split
+    solver_demos=4000,  # solver conversations on the train split
+    solver_digits={2: 0.4, 3: 0.6},  # their operands' digits (digits -> share): more 3-digit ones than the held-out set's 0.5
     tool_fraction=0.9,  # share of solver demonstrations calling the calculator; the rest answer "in the head"
-    proposer_demos=1500,  # proposer conversations: "<task>A*B</task>", mostly easy (PROPOSER_DIGITS)
-    steps=1200,  # SFT steps, starting from data/tiny (it already calls the calculator on 2-digit tasks)
+    proposer_demos=1500,  # proposer conversations: "<task>A*B</task>"
+    proposer_digits={2: 0.8, 3: 0.2},  # mostly easy tasks (difficulty 4.4 on average), a few longer ones
+    steps=2000,  # SFT steps, starting from data/tiny (it already calls the calculator on 2-digit tasks)
     batch_size=16,
     lr=3e-3,
     decay_fraction=0.3,
@@ -427,11 +444,12 @@ def demonstrations(recipe: dict) -> tuple[list[list[dict]], list[list[dict]]]:
     from helpers.tiny import demonstration
 
     rng = random.Random(recipe["seed"])
+    solver_digits, proposer_digits = ({int(d): w for d, w in recipe[key].items()} for key in ("solver_digits", "proposer_digits"))
     solver = [demonstration(task, use_tool=rng.random() < recipe["tool_fraction"])
-              for task in make_selfplay_tasks(recipe["solver_demos"], recipe["seed"], "train")]
+              for task in make_selfplay_tasks(recipe["solver_demos"], recipe["seed"], "train", solver_digits)]
     proposer = []
     while len(proposer) < recipe["proposer_demos"]:
-        expression = draw_expression(rng, PROPOSER_DIGITS)
+        expression = draw_expression(rng, proposer_digits)
         if split_of(expression) == "train":  # the proposer is shown training tasks only
             proposer.append(proposer_task().prompt + [{"role": "assistant", "content": f"<task>{expression}</task>"}])
     return solver, proposer

@@ -46,6 +46,9 @@ def test_role_advantages_use_a_baseline_per_role():
     shared = torch.cat([proposer.flatten(), solver.flatten()])
     assert adv.advantages[0, 2] > 0 and 0.75 - shared.mean() < 1.0 - shared.mean()
     assert role_advantages(proposer, torch.zeros(0, 4)).advantages.shape == (1, 4)
+    weighted = role_advantages(proposer, solver, "group", proposer_weight=4.0)  # the proposer's rows x 4, the solver's as they were
+    assert torch.allclose(weighted.advantages[0], 4 * adv.advantages[0]) and torch.equal(weighted.advantages[1:], adv.advantages[1:])
+    assert weighted.zero_spread.tolist() == adv.zero_spread.tolist()
 
 
 def test_check_proposal_valid_invalid_and_out_of_range():
@@ -82,7 +85,7 @@ def test_proposer_env_ends_in_one_turn_with_the_computed_answer():
 
 def test_held_out_set_is_fixed_and_spans_difficulties():
     tasks = selfplay_dataset("test", None, 0)
-    assert len(tasks) == 64 and [t.id for t in tasks] == [t.id for t in selfplay_dataset("test", None, 0)]
+    assert len(tasks) == 256 and [t.id for t in tasks] == [t.id for t in selfplay_dataset("test", None, 0)]
     assert {t.metadata["difficulty"] for t in tasks} == {4, 5, 6}
     assert not {t.id.rsplit("-", 1)[1] for t in tasks} & {t.id.rsplit("-", 1)[1] for t in selfplay_dataset("train", 500, 0)}
     records = [{"task_id": "selfplay-test-17*12", "correct": True}, {"task_id": "selfplay-test-33*45", "correct": False},

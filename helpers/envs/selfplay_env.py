@@ -18,7 +18,7 @@ The grammar, one line:
 Difficulty of a valid task = the digits of its two operands together (4 for "47*86", 6 for
 "123*456"): the solver's job is to copy the expression into the calculator and the result
 into its answer, and every extra digit is one more to copy at a new distance. The warm
-start copies two-digit operands well and three-digit ones badly, so difficulty is what
+start copies two-digit operands well and three-digit ones about half the time, so difficulty is what
 makes the tiny solver fail.
 
 Nothing the model writes makes ``step`` raise (the env contract): text outside the
