@@ -241,7 +241,9 @@ def tiny_agent() -> TrainConfig:
     The SFT warm start (data/tiny-agent) is a weak agent that follows its demonstrator's
     habits (guess the price, stop at the unit price, put the item's name in the calculator).
     The reward is the outcome alone, no bonus for calling tools: GRPO has to find out that
-    the whole chain is what pays.
+    the whole chain is what pays. Measured (seed 0, 2 CPU cores): the plan is learned (held-out
+    tool calls 2.88 -> 3.00) and sampled success rises (pass@1 0.06 -> 0.24), but greedy success
+    stays near 0.4 (0.39 -> 0.41): the answer's miscopied digits are fixed slowly. Work in progress (issue 14).
     """
     return replace(  # the one-call world's run (tiny_cpu), on the shop world's model, data and env
         tiny_cpu(),

@@ -1,64 +1,74 @@
-"""The multi-step tiny world (多步小世界): a shop whose prices only a tool knows.
+"""The multi-step tiny world (多步小世界): a shop where every answer hides behind three tools.
 
 Where the one-call world (``helpers.tiny``) asks the agent to copy a question into the
-calculator, here it has to *plan*: look up two prices the prompt never shows, with the
-``lookup`` tool, put them into the calculator, and answer with what the calculator
-said. Prices are drawn per task (``task.metadata["prices"]``, read only by the env),
-so they cannot be memorised; ``helpers.envs.shop.ShopEnv`` is the env. One episode,
-in the tiny tokenizer's chat format (the Qwen2.5 tool format):
+calculator, here it has to *plan* a chain of calls, each built from the one before: find
+what the customer buys (``usual``), look that item's price up (``lookup``), multiply it
+out (``calculator``), and answer with what the calculator said. What every customer buys
+and what every item costs are drawn per task (``task.metadata``, read only by the env), so
+nothing can be memorised; ``helpers.envs.shop.ShopEnv`` is the env. One episode, in the
+tiny tokenizer's chat format (the Qwen2.5 tool format):
 
-    <|im_start|>system\\nLook up prices, then use the calculator. Answer as <answer>N</answer>.\\nTools: lookup(item), calculator(expression)<|im_end|>\\n
-    <|im_start|>user\\nWhat do 3 pens and 2 cups cost?<|im_end|>\\n
+    <|im_start|>system\\nFind the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>.\\nTools: usual(customer), lookup(item), calculator(expression)<|im_end|>\\n
+    <|im_start|>user\\nWhat do 3 of the usual items cost? {"customer": "Ann"}<|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "usual", "arguments": {"customer": "Ann"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{"item": "pen"}\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n<tool_call>\\n{"name": "lookup", "arguments": {"item": "pen"}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n47\\n</tool_response><|im_end|>\\n
-    <|im_start|>assistant\\n<tool_call>\\n{"name": "lookup", "arguments": {"item": "cup"}}\\n</tool_call><|im_end|>\\n
-    <|im_start|>user\\n<tool_response>\\n86\\n</tool_response><|im_end|>\\n
-    <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "3*47+2*86"}}\\n</tool_call><|im_end|>\\n
-    <|im_start|>user\\n<tool_response>\\n313\\n</tool_response><|im_end|>\\n
-    <|im_start|>assistant\\n<answer>313</answer><|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "3*47"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n141\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<answer>141</answer><|im_end|>\\n
 
-Four turns, three tool calls, two tools; the calculator's argument depends on both
-lookups' results, and the answer on the calculator's.
+Four turns, three tool calls, three tools; the second call's argument is the first call's
+result, the third's is built from the second's, and the answer is the third's.
 
 The warm start is a *weak* agent, for the reasons real agents are weak: its SFT
-demonstrations come from a sloppy demonstrator who, most of the time for some items
-(its habits, ``HABITS``), skips the second lookup and assumes that item costs what the
-first did, stops after one call and answers with the one price it has, or asks the
-calculator for an item's price; and now and then anywhere makes one of those slips or
-copies a digit wrongly (``SLIP_RATE``, ``COPY_ERROR_RATE``). The SFT model imitates the
-mixture, so greedy decoding follows the habit and fails on most tasks; the plan is for
-sampling to find the right plan often enough for GRPO to learn from the outcome alone
+demonstrations come from a sloppy demonstrator with habits (``HABITS``, keyed on the
+customer): for most customers, most of the time, it skips the price lookup and guesses,
+stops at the unit price, or asks the calculator for "3*pen" and gives up; and now and then, for anyone,
+it makes one of those slips (``SLIP_RATE``). The SFT model imitates the mixture, so greedy
+decoding follows the habit and fails on most tasks, and at T = 1 it also miscopies now and
+then; sampling finds the right plan often enough for GRPO to learn from the outcome alone
 (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
-Status (issue 14): the shipped checkpoint is weaker than that plan needs. It has the
-habits, but it also has not learned to read the *second* item off the question (it
-looks up a wrong one) and miscopies digits, so its held-out success is 0.00 greedy and
-0.00 sampled (``baseline.json``): GRPO gets no successful episode to learn from.
+Status (issue 14), measured (``baseline.json``; 200 validation tasks): the warm start succeeds
+0.27 greedy and 0.095 sampled. Its greedy failures are mostly copy errors (90: the plan was
+right, the bill was miscopied into the answer) and skipped lookups (56). The ``tiny-agent``
+GRPO run learns the plan (3.00 tool calls per held-out episode after 40 steps) and lifts
+sampled success (pass@1 0.06 -> 0.24, pass@4 0.20 -> 0.52). Greedy success stays near 0.4,
+because RL on the outcome alone fixes the answer's miscopied digits slowly. The issue's bar
+(0.85 greedy) is not reached yet.
 
     tasks = make_agent_tasks(64, seed=0, split="test")    # or load_dataset("tiny-agent", "test", 64)
     model, tokenizer = load_tiny("data/tiny-agent")
 
-    python -m helpers.tiny_agent build                    # rebuild data/tiny-agent/ from the seed (~7 min CPU, 1 thread)
+    python -m helpers.tiny_agent build                    # rebuild data/tiny-agent/ from the seed (~8 min CPU, 1 thread)
     python -m helpers.tiny_agent baseline                 # held-out success at T=1 (--temperature 0: greedy), failures by kind
-    python -m helpers.train --preset tiny-agent --seed 0  # GRPO: the agent learns to plan
+    python -m helpers.train --preset tiny-agent --seed 0  # GRPO: the agent learns the plan
 
 Simplifications, named:
 
-* One question shape (two items, quantities 2-9, prices 10-99, a three-digit bill), so
-  every canonical episode has the same length in tokens: the numbers to copy always
-  sit at the same distance back, the easiest copy for a small transformer.
+* One question shape (24 customers, quantities 2-9, prices 10-99, a three-digit bill), so
+  every canonical episode has the same length in tokens.
+* Why a chain and not "3 pens and 2 cups" (two lookups, then one sum): every value the
+  agent copies here comes from the tool result just before it (or the question), which a
+  small transformer learns to copy quickly; copying the *second-to-last* result, or
+  picking the *second* item off a question, is what a ~0.8M-parameter model failed to
+  learn in a 10-minute SFT budget (an earlier version of this world: 0.00 held-out success).
+* The question names the customer as an order form would, in the JSON the first call
+  takes (``{"customer": "Ann"}``), and ``usual`` answers in the JSON the second call takes
+  (``{"item": "pen"}``): a name is then copied along with the text around it, which the
+  tiny model learns in minutes (written as "Ann's usual items", the name was copied right
+  4 times in 10 after the same SFT; customers and items as numbers made the model mix up
+  which number to copy).
 * The model starts from the one-call world's weights (``warm_start``), as a real agent
-  starts from a pretrained model: trained from scratch, this ~0.8M-parameter model had
-  not learned to copy a single digit after 1,500 SFT steps.
-* The demonstrator's habits are keyed on the *first* item of the question (the one it
-  has just looked up when it decides what to do next); a real agent's weaknesses have
-  messier causes. (Keyed on the second item, the SFT model learned which items tend to
-  be looked up second instead of reading the second item off the question.)
-* The shop sells the same twelve items in every task (only the prices change), and
-  items are looked up by their singular name.
+  starts from a pretrained model.
+* The demonstrator's habits are keyed on the customer; a real agent's weaknesses have
+  messier causes.
 * The tokenizer training, the chat template, the model's shape and the SFT loop are the
   one-call world's (``helpers.tiny``, ``helpers.sft``); only the tasks (and so the
   vocabulary) differ.
+
+Taught in notebooks/06_training_loop.ipynb.
 """
 
 from __future__ import annotations
@@ -79,46 +89,51 @@ AGENT_DIR = ROOT / "data" / "tiny-agent"
 
 # --- tasks ---------------------------------------------------------------------------------
 
-SYSTEM = "Look up prices, then use the calculator. Answer as <answer>N</answer>."
-ITEMS = ("bag", "ball", "book", "cake", "card", "cup", "hat", "key", "lamp", "mug", "pen", "sock")  # plural: + "s"
+SYSTEM = "Find the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>."
+CUSTOMERS = ("Ann", "Bob", "Cal", "Dan", "Eve", "Fay", "Gus", "Hal", "Ida", "Jon", "Kim", "Lee",
+             "Max", "Ned", "Ola", "Pat", "Ray", "Sam", "Tom", "Uma", "Val", "Wes", "Yan", "Zoe")
+ITEMS = ("bag", "ball", "book", "cake", "card", "cup", "hat", "key", "lamp", "mug", "pen", "sock")
 QUANTITIES = range(2, 10)  # one digit
 PRICES = range(10, 100)  # two digits
-BILLS = range(100, 1000)  # three digits (prices are redrawn until the bill fits): too much for a 1M model's "head"
-EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~150 tokens
+BILLS = range(100, 1000)  # three digits (the price is redrawn until the bill fits): too much for a 1M model's "head"
+EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~170 tokens
 
 
-def question(order: list[tuple[str, int]]) -> str:
-    """ "What do 3 pens and 2 cups cost?" for order [("pen", 3), ("cup", 2)]."""
-    return "What do " + " and ".join(f"{quantity} {item}s" for item, quantity in order) + " cost?"
+def question(customer: str, quantity: int) -> str:
+    """ 'What do 3 of the usual items cost? {"customer": "Ann"}' (the order form: see the module's simplifications)."""
+    return f"What do {quantity} of the usual items cost? " + json.dumps({"customer": customer})
 
 
 def make_agent_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """``n`` shop tasks of one split, drawn from ``seed``.
 
     The split is a hash of the question (``helpers.tiny.split_of``): a question the model
-    is tested on is never one it trained on, whatever the seed. Each task draws a fresh
-    price for every item, so a question may come again with other prices (a split holds
-    about ``SPLITS[split] * 8448`` two-item questions, ~845 for test). ``metadata`` holds
-    ``order`` (the (item, quantity) pairs), ``prices`` (all twelve, read only by the env)
-    and the ``expression`` that solves it.
+    is tested on is never one it trained on, whatever the seed (there are 24 x 8 = 192
+    questions; 148 train, 20 validation, 24 test). The hidden values are drawn per task:
+    what every customer buys (``metadata["usual"]``) and what every item costs
+    (``metadata["prices"]``), both read only by the env, so the same question has a new
+    answer every time it comes and nothing can be memorised. ``metadata`` also holds the
+    ``customer``, ``quantity``, ``item`` (the customer's) and the ``expression`` that solves it.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
     rng = random.Random(f"tiny-agent-{seed}-{split}")
     tasks = []
     while len(tasks) < n:
-        order = [(item, rng.choice(QUANTITIES)) for item in rng.sample(ITEMS, 2)]
-        text = question(order)
+        customer, quantity = rng.choice(CUSTOMERS), rng.choice(QUANTITIES)
+        text = question(customer, quantity)
         if split_of(text) != split:
             continue
+        usual = {name: rng.choice(ITEMS) for name in CUSTOMERS}
         prices = {item: rng.choice(PRICES) for item in ITEMS}
-        while (bill := sum(quantity * prices[item] for item, quantity in order)) not in BILLS:
-            for item, _ in order:
-                prices[item] = rng.choice(PRICES)
-        expression = "+".join(f"{quantity}*{prices[item]}" for item, quantity in order)
+        item = usual[customer]
+        while quantity * prices[item] not in BILLS:
+            prices[item] = rng.choice(PRICES)
+        expression = f"{quantity}*{prices[item]}"
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-        metadata = {"order": [list(pair) for pair in order], "prices": prices, "expression": expression}
-        tasks.append(Task(f"tiny-agent-{split}-{seed}-{len(tasks):05d}", prompt, str(bill), metadata))
+        metadata = {"customer": customer, "quantity": quantity, "item": item, "usual": usual, "prices": prices,
+                    "expression": expression}
+        tasks.append(Task(f"tiny-agent-{split}-{seed}-{len(tasks):05d}", prompt, str(quantity * prices[item]), metadata))
     return tasks
 
 
@@ -131,27 +146,29 @@ def tiny_agent_dataset(split: str, n: int | None, seed: int) -> list[Task]:
 
 # --- demonstrations: a sloppy demonstrator ---------------------------------------------------
 
-FLAWS = ("skipped_lookup", "stopped_early", "wrong_tool", "copy_error")  # also the failure kinds of failure_kind()
-HABITS = {  # first item of the question -> the flaw the demonstrator then makes, HABIT_RATE of the time
-    "cup": "skipped_lookup", "hat": "skipped_lookup", "ball": "skipped_lookup",  # assumes the other item costs the same
-    "lamp": "stopped_early", "card": "stopped_early", "key": "stopped_early",  # forgets the other item
-    "mug": "wrong_tool", "sock": "wrong_tool", "cake": "wrong_tool",  # asks the calculator for the other price
-}  # bag, book, pen: no habit
-HABIT_RATE = 0.7  # greedy decoding follows a habit that strong: the SFT agent fails on 3 tasks in 4
-SLIP_RATE = 0.04  # each of the first three flaws, in any task (on top of the habit)
-COPY_ERROR_RATE = 0.08  # one digit of the calculator expression miscopied, in any task
+FLAWS = ("skipped_lookup", "stopped_early", "wrong_tool")  # with copy_error, the failure kinds of failure_kind()
+HABITS = {  # customer -> the flaw the demonstrator makes on their orders, HABIT_RATE of the time
+    **dict.fromkeys(("Bob", "Dan", "Fay", "Hal", "Jon", "Lee"), "skipped_lookup"),  # guesses the price
+    **dict.fromkeys(("Max", "Ola", "Ray", "Tom", "Val", "Yan"), "stopped_early"),  # answers with the price of one
+    **dict.fromkeys(("Cal", "Gus", "Kim", "Ned", "Sam", "Wes"), "wrong_tool"),  # puts the item's name in the calculator
+}  # Ann, Eve, Ida, Pat, Uma, Zoe: no habit
+HABIT_RATE = 0.85  # greedy decoding follows a habit that strong: the SFT agent fails on 3 customers in 4
+SLIP_RATE = 0.03  # each flaw, for any customer (on top of the habit)
+
+
+def habit(customer: str) -> str | None:
+    return HABITS.get(customer)
 
 
 def demonstrator_flaw(task: Task, rng: random.Random) -> str | None:
     """The flaw the demonstrator makes on ``task`` this time, or None (a clean solution)."""
-    habit = HABITS.get(task.metadata["order"][0][0])
-    if habit is not None and rng.random() < HABIT_RATE:
-        return habit
+    if habit(task.metadata["customer"]) is not None and rng.random() < HABIT_RATE:
+        return habit(task.metadata["customer"])
     u = rng.random()
-    for flaw, rate in [("skipped_lookup", SLIP_RATE), ("stopped_early", SLIP_RATE), ("wrong_tool", SLIP_RATE), ("copy_error", COPY_ERROR_RATE)]:
-        if u < rate:
+    for flaw in FLAWS:
+        if u < SLIP_RATE:
             return flaw
-        u -= rate
+        u -= SLIP_RATE
     return None
 
 
@@ -159,8 +176,12 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
     """The conversation the demonstrator has with a real ``ShopEnv`` on ``task``.
 
     Every tool message is what the env answered, so the model learns to read real results
-    and real error messages. flaw None is the clean plan (lookup, lookup, calculator, answer);
-    a flawed one ends with a wrong answer, as it would for the demonstrator.
+    and real error messages. flaw None is the clean plan (usual, lookup, calculator, answer);
+    a flawed one ends with a wrong answer, as it would for the demonstrator:
+
+    skipped_lookup  finds the item, then skips its lookup and computes with a guessed price
+    stopped_early   looks the price up, then answers with it (the price of one, not the bill)
+    wrong_tool      looks the price up, then asks the calculator for "3*pen"; gives up with the price
     """
     env = ShopEnv(max_steps=EPISODE["max_steps"])
     messages = env.reset(task)
@@ -172,28 +193,20 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
         messages.extend(observation)
         return observation[0]["content"] if observation else None
 
-    order = task.metadata["order"]
-    prices = [act(format_tool_call("lookup", {"item": order[0][0]}))]
+    quantity = task.metadata["quantity"]
+    item = json.loads(act(format_tool_call("usual", {"customer": task.metadata["customer"]})))["item"]
+    if flaw == "skipped_lookup":
+        price = rng.choice([p for p in PRICES if p != task.metadata["prices"][item] and quantity * p in BILLS])
+    else:
+        price = act(format_tool_call("lookup", {"item": item}))
     if flaw in ("stopped_early", "wrong_tool"):
         if flaw == "wrong_tool":
-            act(format_tool_call("calculator", {"expression": order[1][0]}))  # -> "error: names are not allowed: 'cup'"
-        act(f"<answer>{prices[0]}</answer>")  # gives up with the one price it has
+            act(format_tool_call("calculator", {"expression": f"{quantity}*{item}"}))  # -> "error: names are not allowed: 'pen'"
+        act(f"<answer>{price}</answer>")  # gives up with the one number it has
         return messages
-    for item, _ in order[1:]:  # "skipped_lookup" assumes the next item costs what the first did
-        prices.append(prices[0] if flaw == "skipped_lookup" else act(format_tool_call("lookup", {"item": item})))
-    expression = "+".join(f"{quantity}*{price}" for (_, quantity), price in zip(order, prices))
-    if flaw == "copy_error":
-        expression = miscopy(expression, rng)
-    total = act(format_tool_call("calculator", {"expression": expression}))
+    total = act(format_tool_call("calculator", {"expression": f"{quantity}*{price}"}))
     act(f"<answer>{total}</answer>")
     return messages
-
-
-def miscopy(expression: str, rng: random.Random) -> str:
-    """``expression`` with one digit replaced by another nonzero digit (never a leading zero)."""
-    where = rng.choice([i for i, c in enumerate(expression) if c.isdigit()])
-    digit = rng.choice([d for d in "123456789" if d != expression[where]])
-    return expression[:where] + digit + expression[where + 1 :]
 
 
 # --- what went wrong ---------------------------------------------------------------------------
@@ -203,10 +216,10 @@ def failure_kind(trajectory) -> str:
     """How one episode ended: ``correct``, ``truncated`` (a limit cut it short), or the first
     flaw that explains the wrong answer, checked in this order:
 
-    wrong_tool      a tool call came back as an error (unknown tool or item, a name in the calculator)
+    wrong_tool      a tool call came back as an error (an unknown tool, customer or item)
     stopped_early   answered without calling the calculator
-    skipped_lookup  the calculator ran without both prices having been looked up (one was guessed)
-    copy_error      both looked up, computed, still wrong: a number was copied wrongly
+    skipped_lookup  the calculator ran without the customer's item having been looked up (item or price guessed)
+    copy_error      item found, price looked up, computed, still wrong: a number was copied wrongly
     """
     from helpers.envs.base import TRUNCATED
     from helpers.rewards import outcome
@@ -222,7 +235,7 @@ def failure_kind(trajectory) -> str:
     if not any(c.name == "calculator" for c in calls):
         return "stopped_early"
     looked_up = {str(c.arguments.get("item")) for c in calls if c.name == "lookup" and c.arguments}
-    if not {item for item, _ in trajectory.task.metadata["order"]} <= looked_up:
+    if trajectory.task.metadata["item"] not in looked_up:
         return "skipped_lookup"
     return "copy_error"
 
@@ -233,8 +246,8 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny_a
     seed=0,
     train_tasks=4000,  # distinct training questions (of ~6,760), each demonstrated once
     vocab_size=512,  # at most; the shop's words and the JSON of a tool call each become one token
-    warm_start=True,  # start from data/tiny's weights (see warm_start); from scratch, 1,500 steps never learned to copy
-    steps=1500,  # SFT optimizer steps
+    warm_start=True,  # start from data/tiny's weights (see warm_start): its layers already copy digits
+    steps=1300,  # SFT optimizer steps
     batch_size=16,
     lr=3e-3,  # as helpers.tiny: high for a transformer, fine for ~0.8M parameters trained from scratch
     decay_fraction=0.3,  # linear decay to 0 over the last 30% of steps

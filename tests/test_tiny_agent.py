@@ -16,8 +16,13 @@ from helpers.policy.base import ScriptedPolicy
 from helpers.rollout import rollout
 from helpers.tiny import load_tokenizer
 from helpers.tiny_agent import (
-    AGENT_DIR, EPISODE, FLAWS, HABITS, ITEMS, SPLITS, build, demonstration, demonstrator_flaw, failure_kind, make_agent_tasks,
+    AGENT_DIR, CUSTOMERS, EPISODE, FLAWS, ITEMS, SPLITS, build, demonstration, demonstrator_flaw, failure_kind,
+    habit, make_agent_tasks,
 )
+
+
+def usual(customer):
+    return format_tool_call("usual", {"customer": customer})
 
 
 def lookup(item):
@@ -29,9 +34,9 @@ def calculator(expression):
 
 
 def solution(task):
-    """The clean plan: lookup, lookup, calculator, answer."""
-    (a, _), (b, _) = task.metadata["order"]
-    return [lookup(a), lookup(b), calculator(task.metadata["expression"]), f"<answer>{task.answer}</answer>"]
+    """The clean plan: usual, lookup, calculator, answer."""
+    meta = task.metadata
+    return [usual(meta["customer"]), lookup(meta["item"]), calculator(meta["expression"]), f"<answer>{task.answer}</answer>"]
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +53,14 @@ def test_tasks_are_seeded_and_priced_per_task():
     assert [t.id for t in tasks] != [t.id for t in make_agent_tasks(50, seed=4, split="train")]
     assert len({t.id for t in tasks}) == 50
     for t in tasks:
-        (a, qa), (b, qb) = t.metadata["order"]
-        assert a != b and set(t.metadata["prices"]) == set(ITEMS)
-        assert t.prompt[-1]["content"] == f"What do {qa} {a}s and {qb} {b}s cost?"
-        assert calculate(t.metadata["expression"]) == t.answer == str(qa * t.metadata["prices"][a] + qb * t.metadata["prices"][b])
-        assert str(t.metadata["prices"][a]) not in t.prompt[-1]["content"].split()  # the prices are never shown
-    assert len({json.dumps(t.metadata["prices"], sort_keys=True) for t in tasks}) == 50  # drawn per task: nothing to memorise
+        meta = t.metadata
+        assert set(meta["usual"]) == set(CUSTOMERS) and set(meta["prices"]) == set(ITEMS)
+        assert meta["item"] == meta["usual"][meta["customer"]]
+        assert t.prompt[-1]["content"] == f'What do {meta["quantity"]} of the usual items cost? {{"customer": "{meta["customer"]}"}}'
+        assert calculate(meta["expression"]) == t.answer == str(meta["quantity"] * meta["prices"][meta["item"]])
+        # the question (checked above) is the customer and the quantity: the item and its price are never shown
+    for hidden in ("usual", "prices"):  # drawn per task: nothing to memorise
+        assert len({json.dumps(t.metadata[hidden], sort_keys=True) for t in tasks}) == 50
 
 
 def test_splits_never_overlap_across_seeds():
@@ -94,8 +101,8 @@ def play(env, task, actions):
 def test_the_plan_earns_the_reward(task):
     env = make_env("shop", max_steps=EPISODE["max_steps"])
     results = play(env, task, solution(task))
-    (a, _), (b, _) = task.metadata["order"]
-    assert [r.observation[0]["content"] for r in results[:3]] == [str(task.metadata["prices"][a]), str(task.metadata["prices"][b]), task.answer]
+    item = task.metadata["item"]
+    assert [r.observation[0]["content"] for r in results[:3]] == [f'{{"item": "{item}"}}', str(task.metadata["prices"][item]), task.answer]
     assert results[-1].reward == 1.0 and results[-1].info["stop_reason"] == "answered" and results[-1].info["tool_calls"] == 3
     assert check_env(env, make_agent_tasks(4, seed=0, split="test"), solver=solution) == []
 
@@ -103,19 +110,21 @@ def test_the_plan_earns_the_reward(task):
 def test_a_tool_the_env_does_not_offer(task):
     result = play(ShopEnv(), task, [format_tool_call("search", {"query": "pen price"})])[0]
     assert not result.done
-    assert result.observation[0]["content"] == "error: unknown tool 'search'; available: lookup, calculator"
+    assert result.observation[0]["content"] == "error: unknown tool 'search'; available: usual, lookup, calculator"
     assert result.info["tool_errors"] == 1
 
 
 def test_an_item_the_shop_does_not_sell(task):
-    for item in ["pens", "3*47", 12]:
+    for item in ["pens", "3*47", 12, task.metadata["customer"]]:
         result = play(ShopEnv(), task, [format_tool_call("lookup", {"item": item})])[0]
-        text = result.observation[0]["content"]
-        assert text.startswith(f"error: the shop has no {str(item)!r}; it sells: bag, ball, book"), text
+        assert result.observation[0]["content"] == f"error: the shop has no item {str(item)!r}"
+        assert not result.done and result.info["tool_errors"] == 1
+    text = play(ShopEnv(), task, [usual(task.metadata["item"])])[0].observation[0]["content"]
+    assert text == f"error: the shop has no customer {task.metadata['item']!r}"
 
 
 def test_tool_results_never_read_end_cleanly(task):
-    (a, _), _ = task.metadata["order"]
+    a = task.metadata["item"]
     # a call and an answer in one turn: the answer is ignored (the model has not seen the result yet)
     first = play(ShopEnv(), task, [lookup(a) + f"\n<answer>{task.answer}</answer>"])[0]
     assert not first.done and first.observation[0]["role"] == "tool"
@@ -127,9 +136,11 @@ def test_tool_results_never_read_end_cleanly(task):
     assert last.truncated and last.info["stop_reason"] == "max_steps" and last.info["verdict"] == "no_answer"
 
 
-def test_a_task_without_prices_is_a_caller_error():
-    with pytest.raises(ValueError, match=r"metadata\['prices'\]"):
+def test_a_task_without_hidden_values_is_a_caller_error():
+    with pytest.raises(ValueError, match=r"metadata\['usual'\]"):
         ShopEnv().reset(Task("no-shop", [{"role": "user", "content": "What do 2 pens cost?"}], "10"))
+    with pytest.raises(ValueError, match=r"metadata\['prices'\]"):
+        ShopEnv().reset(Task("no-prices", [{"role": "user", "content": "?"}], "10", {"usual": {"Ann": "pen"}}))
 
 
 # --- demonstrations and failure kinds ----------------------------------------------------------
@@ -138,11 +149,11 @@ def test_a_task_without_prices_is_a_caller_error():
 def test_habits_make_the_flaws():
     rng = random.Random(0)
     tasks = make_agent_tasks(2000, seed=0, split="train")
-    flaws = [(HABITS.get(t.metadata["order"][0][0]), demonstrator_flaw(t, rng)) for t in tasks]
-    with_habit = [habit == flaw for habit, flaw in flaws if habit is not None]
-    assert 0.6 < sum(with_habit) / len(with_habit) < 0.8
-    clean = [flaw is None for habit, flaw in flaws if habit is None]
-    assert 0.7 < sum(clean) / len(clean) < 0.9
+    flaws = [(habit(t.metadata["customer"]), demonstrator_flaw(t, rng)) for t in tasks]
+    with_habit = [kind == flaw for kind, flaw in flaws if kind is not None]
+    assert 0.8 < sum(with_habit) / len(with_habit) < 0.92
+    clean = [flaw is None for kind, flaw in flaws if kind is None]
+    assert 0.85 < sum(clean) / len(clean) < 0.95
 
 
 @pytest.mark.parametrize("flaw", [None, *FLAWS])
