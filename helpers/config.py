@@ -241,7 +241,7 @@ def tiny_agent() -> TrainConfig:
     The SFT warm start (data/tiny-agent) is a weak agent that follows its demonstrator's
     habits (guess the price, stop at the unit price, put the item's name in the calculator).
     The reward is the outcome alone, no bonus for calling tools: GRPO has to find out that
-    the whole chain is what pays. Measured (seed 0, 2 CPU cores): the plan is learned (held-out
+    the whole chain is what pays. Measured (seed 0, 1 torch thread on a shared 2-core CPU): the plan is learned (held-out
     tool calls 2.88 -> 3.00) and sampled success rises (pass@1 0.06 -> 0.24), but greedy success
     stays near 0.4 (0.39 -> 0.41): the answer's miscopied digits are fixed slowly. Work in progress (issue 14).
     """
@@ -253,7 +253,7 @@ def tiny_agent() -> TrainConfig:
         env_max_steps=5,  # the plan takes 4 turns (usual, lookup, calculator, answer); one to spare
         steps=40,  # the lr decays linearly to 0 over these steps
         max_new_tokens=40,  # one turn: the longest (the calculator call) is ~30 tokens
-        max_total_tokens=320,  # the 4-turn episode is ~170 tokens; error messages are longer
+        max_total_tokens=320,  # the 4-turn episode is ~180 tokens; error messages are longer
         eval_every=5,  # 8 held-out points on the curve; a greedy evaluation costs about one step's rollout
     )
 

@@ -17,7 +17,7 @@ from helpers.rollout import rollout
 from helpers.tiny import load_tokenizer
 from helpers.tiny_agent import (
     AGENT_DIR, CUSTOMERS, EPISODE, FLAWS, ITEMS, SPLITS, build, demonstration, demonstrator_flaw, failure_kind,
-    habit, make_agent_tasks,
+    HABITS, make_agent_tasks,
 )
 
 
@@ -149,7 +149,7 @@ def test_a_task_without_hidden_values_is_a_caller_error():
 def test_habits_make_the_flaws():
     rng = random.Random(0)
     tasks = make_agent_tasks(2000, seed=0, split="train")
-    flaws = [(habit(t.metadata["customer"]), demonstrator_flaw(t, rng)) for t in tasks]
+    flaws = [(HABITS.get(t.metadata["customer"]), demonstrator_flaw(t, rng)) for t in tasks]
     with_habit = [kind == flaw for kind, flaw in flaws if kind is not None]
     assert 0.8 < sum(with_habit) / len(with_habit) < 0.92
     clean = [flaw is None for kind, flaw in flaws if kind is None]

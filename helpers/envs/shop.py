@@ -81,7 +81,7 @@ class ShopEnv(ToolEnv):
 
 
 def _find(table: dict, name, kind: str) -> str:
-    """``table[name]`` as text, or an error message that lists what there is."""
+    """``table[name]`` as text, or an error message naming what the shop does not have."""
     key = str(name)  # the model may write a number or a list; str() keeps the dict look-up safe
     if key in table:
         return str(table[key])
