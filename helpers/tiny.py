@@ -296,8 +296,8 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny b
 
 def start_build(defaults: dict, overrides: dict) -> tuple[dict, float, float, int]:
     """What every tiny-world build starts with: its recipe (``defaults`` with ``overrides``; an
-    unknown setting is an error), the wall and CPU clocks, and one seeded torch thread (the same
-    float sums on every machine, so the same checkpoint from the seed).
+    unknown setting is an error), the wall and CPU clocks, and seeded torch threads (``recipe["threads"]``,
+    1 if the recipe has none: the same float sums on every machine, so the same checkpoint from the seed).
     Returns (recipe, wall clock, CPU clock, the thread count to restore at the end)."""
     import time
 
@@ -308,7 +308,7 @@ def start_build(defaults: dict, overrides: dict) -> tuple[dict, float, float, in
         raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(defaults)}")
     recipe = {**defaults, **overrides}
     started, cpu_started, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(recipe.get("threads", 1))
     torch.manual_seed(recipe["seed"])
     return recipe, started, cpu_started, threads
 

@@ -3,14 +3,14 @@
 Where the one-call world (``helpers.tiny``) asks the agent to copy a question into the
 calculator, here it has to *plan* a chain of calls, each built from the one before: find
 what the customer buys (``usual``), look that item's price up (``lookup``), multiply it
-out (``calculator``), and answer with what the calculator said. What every customer buys
-and what every item costs are drawn per task (``task.metadata``, read only by the env), so
+out (``calculator``), and answer with what the calculator said. What the customer buys and
+what every item costs are drawn per task (``task.metadata``, read only by the env), so
 nothing can be memorised; ``helpers.envs.shop.ShopEnv`` is the env. One episode, in the
 tiny tokenizer's chat format (the Qwen2.5 tool format):
 
-    <|im_start|>system\\nFind the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>.\\nTools: usual(customer), lookup(item), calculator(expression)<|im_end|>\\n
-    <|im_start|>user\\nWhat do 3 of the usual items cost? {"customer": "Ann"}<|im_end|>\\n
-    <|im_start|>assistant\\n<tool_call>\\n{"name": "usual", "arguments": {"customer": "Ann"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>system\\nFind the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>.\\nTools: usual(), lookup(item), calculator(expression)<|im_end|>\\n
+    <|im_start|>user\\nWhat do 3 of my usual items cost?<|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "usual", "arguments": {}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n{"item": "pen"}\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n<tool_call>\\n{"name": "lookup", "arguments": {"item": "pen"}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n47\\n</tool_response><|im_end|>\\n
@@ -19,50 +19,50 @@ tiny tokenizer's chat format (the Qwen2.5 tool format):
     <|im_start|>assistant\\n<answer>141</answer><|im_end|>\\n
 
 Four turns, three tool calls, three tools; the second call's argument is the first call's
-result, the third's is built from the second's, and the answer is the third's.
+result, the third's is built from the second's and the question, and the answer is the third's.
 
 The warm start is a *weak* agent, for the reasons real agents are weak: its SFT
-demonstrations come from a sloppy demonstrator with habits (``HABITS``, keyed on the
-customer): for most customers, most of the time, it skips the price lookup and guesses,
-stops at the unit price, or asks the calculator for "3*pen" and gives up; and now and then, for anyone,
-it makes one of those slips (``SLIP_RATE``). The SFT model imitates the mixture, so greedy
-decoding follows the habit and fails on most tasks, and at T = 1 it also miscopies now and
-then; sampling finds the right plan often enough for GRPO to learn from the outcome alone
-(``rewards={"correct": 1.0}``, no bonus for tool calls).
+demonstrations come from a sloppy demonstrator with habits (``HABITS``, keyed on the item
+the customer buys): for 9 items in 12, most of the time, it guesses the price instead of
+looking it up, stops at the unit price, or asks ``lookup`` (not the calculator) for the
+bill and gives up; and now and then, for any item, it makes one of those slips
+(``SLIP_RATE``). The SFT model imitates the mixture, so greedy decoding follows the habits
+and fails on most tasks, and sampling finds the right plan often enough for GRPO to learn
+from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
-Status (issue 14), measured (``baseline.json``; 200 validation tasks): the warm start succeeds
-0.27 greedy and 0.095 sampled. Its greedy failures are mostly copy errors (90: the plan was
-right, the bill was miscopied into the answer) and skipped lookups (56). The ``tiny-agent``
-GRPO run learns the plan (3.00 tool calls per held-out episode after 40 steps) and lifts
-sampled success (pass@1 0.06 -> 0.24, pass@4 0.20 -> 0.52). Greedy success stays near 0.4,
-because RL on the outcome alone fixes the answer's miscopied digits slowly. The issue's bar
-(0.85 greedy) is not reached yet.
+Measured (``baseline.json``, 200 validation tasks): the warm start succeeds 0.245 greedy and
+0.27 sampled; its greedy failures are skipped lookups 59, stopped early 47, wrong tool 45. The
+``tiny-agent`` GRPO run (30 steps, ~6 min on a CPU) takes held-out greedy success from 0.27
+to 0.86 and sampled from 0.27-0.33 to 0.80 (README: three seeds). What it does not fix: orders
+of one item, ``key``, which the warm start copies into ``lookup`` only 13% of the time (its
+demonstrator mostly guessed that price), so the policy almost never samples the right call.
 
     tasks = make_agent_tasks(64, seed=0, split="test")    # or load_dataset("tiny-agent", "test", 64)
     model, tokenizer = load_tiny("data/tiny-agent")
 
-    python -m helpers.tiny_agent build                    # rebuild data/tiny-agent/ from the seed (~8 min CPU, 1 thread)
+    python -m helpers.tiny_agent build                    # rebuild data/tiny-agent/ from the seed (~8 min on 2 cores)
     python -m helpers.tiny_agent baseline                 # held-out success at T=1 (--temperature 0: greedy), failures by kind
     python -m helpers.train --preset tiny-agent --seed 0  # GRPO: the agent learns the plan
 
 Simplifications, named:
 
-* One question shape (24 customers, quantities 2-9, prices 10-99, a three-digit bill), so
-  every canonical episode has the same length in tokens.
+* One question shape (quantities 2-9, prices 10-99, a three-digit bill), so every canonical
+  episode has the same length in tokens.
+* ``usual()`` takes no argument: it knows who is asking, as a real API knows the logged-in
+  user. An earlier version named the customer in the question (``{"customer": "Ann"}``) and
+  the first call had to copy the name: with 24 names, earlier builds copied it right on
+  0.43-0.95 of held-out tasks, and a 750-step build wrote one name ("Kim") for almost every
+  customer; with 96 names, names were still miscopied after 1,500 SFT steps.
 * Why a chain and not "3 pens and 2 cups" (two lookups, then one sum): every value the
   agent copies here comes from the tool result just before it (or the question), which a
-  small transformer learns to copy quickly; copying the *second-to-last* result, or
-  picking the *second* item off a question, is what a ~0.8M-parameter model failed to
-  learn in a 10-minute SFT budget (an earlier version of this world: 0.00 held-out success).
-* The question names the customer as an order form would, in the JSON the first call
-  takes (``{"customer": "Ann"}``), and ``usual`` answers in the JSON the second call takes
-  (``{"item": "pen"}``): a name is then copied along with the text around it, which the
-  tiny model learns in minutes (written as "Ann's usual items", the name was copied right
-  4 times in 10 after a 1,200-step SFT; customers and items as numbers made the model mix up
-  which number to copy).
+  small transformer learns to copy; copying the *second-to-last* result, or picking the
+  *second* item off a question, is what a ~0.8M-parameter model failed to learn in a
+  10-minute SFT budget (an earlier version of this world: 0.00 held-out success).
+* The split is by what decides the answer (quantity, item, price), not by the question's
+  text, which is the same for every task with the same quantity.
 * The model starts from the one-call world's weights (``warm_start``), as a real agent
   starts from a pretrained model.
-* The demonstrator's habits are keyed on the customer; a real agent's weaknesses have
+* The demonstrator's habits are keyed on the item; a real agent's weaknesses have
   messier causes.
 * The tokenizer training, the chat template, the model's shape and the SFT loop are the
   one-call world's (``helpers.tiny``, ``helpers.sft``); only the tasks (and so the
@@ -88,49 +88,40 @@ AGENT_DIR = ROOT / "data" / "tiny-agent"
 # --- tasks ---------------------------------------------------------------------------------
 
 SYSTEM = "Find the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>."
-CUSTOMERS = ("Ann", "Bob", "Cal", "Dan", "Eve", "Fay", "Gus", "Hal", "Ida", "Jon", "Kim", "Lee",
-             "Max", "Ned", "Ola", "Pat", "Ray", "Sam", "Tom", "Uma", "Val", "Wes", "Yan", "Zoe")
 ITEMS = ("bag", "ball", "book", "cake", "card", "cup", "hat", "key", "lamp", "mug", "pen", "sock")
 QUANTITIES = range(2, 10)  # one digit
 PRICES = range(10, 100)  # two digits
 BILLS = range(100, 1000)  # three digits (the price is redrawn until the bill fits): too much for a 1M model's "head"
-EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~180 tokens
+EPISODE = dict(max_steps=5, max_new_tokens=40, max_total_tokens=320)  # the canonical episode: 4 turns, ~170 tokens
 
 
-def question(customer: str, quantity: int) -> str:
-    """ 'What do 3 of the usual items cost? {"customer": "Ann"}' (the order form: see the module's simplifications)."""
-    return f"What do {quantity} of the usual items cost? " + json.dumps({"customer": customer})
+def question(quantity: int) -> str:
+    """'What do 3 of my usual items cost?' (who is asking, the env knows: see ``ShopEnv``)."""
+    return f"What do {quantity} of my usual items cost?"
 
 
 def make_agent_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """``n`` shop tasks of one split, drawn from ``seed``.
 
-    The split is a hash of the question (``helpers.tiny.split_of``): a question the model
-    is tested on is never one it trained on, whatever the seed (there are 24 x 8 = 192
-    questions; 159 train, 18 validation, 15 test). The hidden values are drawn per task:
-    what every customer buys (``metadata["usual"]``) and what every item costs
-    (``metadata["prices"]``), both read only by the env, so the same question has a new
-    answer every time it comes and nothing can be memorised. ``metadata`` also holds the
-    ``customer``, ``quantity``, ``item`` (the customer's) and the ``expression`` that solves it.
+    A task is the question and the shop behind it: what the customer buys (``metadata["item"]``)
+    and what every item costs (``metadata["prices"]``), both drawn per task and read only by the
+    env. The split is a hash of what decides the answer, the quantity, the item and its price
+    (``helpers.tiny.split_of``): a task the model is tested on is never one it trained on,
+    whatever the seed (of the 8 x 12 x 90 combinations, 7,368 give a three-digit bill: 5,887 /
+    740 / 741). ``metadata`` also holds the ``quantity`` and the ``expression`` that solves it.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
     rng = random.Random(f"tiny-agent-{seed}-{split}")
     tasks = []
     while len(tasks) < n:
-        customer, quantity = rng.choice(CUSTOMERS), rng.choice(QUANTITIES)
-        text = question(customer, quantity)
-        if split_of(text) != split:
+        quantity, item = rng.choice(QUANTITIES), rng.choice(ITEMS)
+        prices = {name: rng.choice(PRICES) for name in ITEMS}
+        if quantity * prices[item] not in BILLS or split_of(f"{quantity}*{item}={prices[item]}") != split:
             continue
-        usual = {name: rng.choice(ITEMS) for name in CUSTOMERS}
-        prices = {item: rng.choice(PRICES) for item in ITEMS}
-        item = usual[customer]
-        while quantity * prices[item] not in BILLS:
-            prices[item] = rng.choice(PRICES)
-        expression = f"{quantity}*{prices[item]}"
+        text, expression = question(quantity), f"{quantity}*{prices[item]}"
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-        metadata = {"customer": customer, "quantity": quantity, "item": item, "usual": usual, "prices": prices,
-                    "expression": expression}
+        metadata = {"quantity": quantity, "item": item, "prices": prices, "expression": expression}
         tasks.append(Task(f"tiny-agent-{split}-{seed}-{len(tasks):05d}", prompt, str(quantity * prices[item]), metadata))
     return tasks
 
@@ -145,18 +136,18 @@ def tiny_agent_dataset(split: str, n: int | None, seed: int) -> list[Task]:
 # --- demonstrations: a sloppy demonstrator ---------------------------------------------------
 
 FLAWS = ("skipped_lookup", "stopped_early", "wrong_tool")  # with copy_error, the failure kinds of failure_kind()
-HABITS = {  # customer -> the flaw the demonstrator makes on their orders, HABIT_RATE of the time
-    **dict.fromkeys(("Bob", "Dan", "Fay", "Hal", "Jon", "Lee"), "skipped_lookup"),  # guesses the price
-    **dict.fromkeys(("Max", "Ola", "Ray", "Tom", "Val", "Yan"), "stopped_early"),  # answers with the price of one
-    **dict.fromkeys(("Cal", "Gus", "Kim", "Ned", "Sam", "Wes"), "wrong_tool"),  # puts the item's name in the calculator
-}  # Ann, Eve, Ida, Pat, Uma, Zoe: no habit
-HABIT_RATE = 0.85  # greedy decoding follows a habit that strong: the SFT agent fails on 3 customers in 4
-SLIP_RATE = 0.03  # each flaw, for any customer (on top of the habit)
+HABITS = {  # item -> the flaw the demonstrator makes on orders of it, HABIT_RATE of the time
+    **dict.fromkeys(("cup", "key", "pen"), "skipped_lookup"),  # "I know what a pen costs": guesses the price
+    **dict.fromkeys(("bag", "book", "lamp"), "stopped_early"),  # answers with the price of one
+    **dict.fromkeys(("cake", "card", "hat"), "wrong_tool"),  # asks lookup, not the calculator, for the bill
+}  # ball, mug, sock: no habit
+HABIT_RATE = 0.85  # greedy decoding follows a habit that strong: the SFT agent fails on 3 tasks in 4
+SLIP_RATE = 0.03  # each flaw, for any task (on top of the habit)
 
 
 def demonstrator_flaw(task: Task, rng: random.Random) -> str | None:
     """The flaw the demonstrator makes on ``task`` this time, or None (a clean solution)."""
-    habit = HABITS.get(task.metadata["customer"])
+    habit = HABITS.get(task.metadata["item"])
     if habit is not None and rng.random() < HABIT_RATE:
         return habit
     u = rng.random()
@@ -176,7 +167,7 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
 
     skipped_lookup  finds the item, then skips its lookup and computes with a guessed price
     stopped_early   looks the price up, then answers with it (the price of one, not the bill)
-    wrong_tool      looks the price up, then asks the calculator for "3*pen"; gives up with the price
+    wrong_tool      looks the price up, then asks lookup (not the calculator) for "3*47"; gives up with the price
     """
     env = ShopEnv(max_steps=EPISODE["max_steps"])
     messages = env.reset(task)
@@ -189,14 +180,14 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
         return observation[0]["content"] if observation else None
 
     quantity = task.metadata["quantity"]
-    item = json.loads(act(format_tool_call("usual", {"customer": task.metadata["customer"]})))["item"]
+    item = json.loads(act(format_tool_call("usual", {})))["item"]
     if flaw == "skipped_lookup":
         price = rng.choice([p for p in PRICES if p != task.metadata["prices"][item] and quantity * p in BILLS])
     else:
         price = act(format_tool_call("lookup", {"item": item}))
     if flaw in ("stopped_early", "wrong_tool"):
         if flaw == "wrong_tool":
-            act(format_tool_call("calculator", {"expression": f"{quantity}*{item}"}))  # -> "error: names are not allowed: 'pen'"
+            act(format_tool_call("lookup", {"item": f"{quantity}*{price}"}))  # -> "error: the shop has no item '3*47'"
         act(f"<answer>{price}</answer>")  # gives up with the one number it has
         return messages
     total = act(format_tool_call("calculator", {"expression": f"{quantity}*{price}"}))
@@ -211,10 +202,10 @@ def failure_kind(trajectory) -> str:
     """How one episode ended: ``correct``, ``truncated`` (a limit cut it short), or the first
     flaw that explains the wrong answer, checked in this order:
 
-    wrong_tool      a tool call came back as an error (an unknown tool, customer or item, a name in the calculator)
+    wrong_tool      a tool call came back as an error (an unknown tool or item, a name in the calculator)
     stopped_early   answered without calling the calculator
-    skipped_lookup  the calculator ran without the customer's item having been looked up (item or price guessed)
-    copy_error      item found, price looked up, computed, still wrong: a number was copied wrongly
+    skipped_lookup  the calculator ran before any price was looked up (the price was guessed)
+    copy_error      the plan was followed, still wrong: a value (item, price, bill) was copied wrongly
     """
     from helpers.envs.base import TRUNCATED
     from helpers.rewards import outcome
@@ -226,11 +217,10 @@ def failure_kind(trajectory) -> str:
     messages = trajectory.messages
     if any(m["role"] == "tool" and m["content"].startswith("error:") for m in messages):
         return "wrong_tool"
-    calls = [c for m in messages if m["role"] == "assistant" for c in parse_tool_calls(m["content"])]
-    if not any(c.name == "calculator" for c in calls):
+    names = [c.name for m in messages if m["role"] == "assistant" for c in parse_tool_calls(m["content"])]
+    if "calculator" not in names:
         return "stopped_early"
-    looked_up = {str(c.arguments.get("item")) for c in calls if c.name == "lookup" and c.arguments}
-    if trajectory.task.metadata["item"] not in looked_up:
+    if "lookup" not in names[: names.index("calculator")]:
         return "skipped_lookup"
     return "copy_error"
 
@@ -239,12 +229,13 @@ def failure_kind(trajectory) -> str:
 
 BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.tiny_agent build` runs exactly this
     seed=0,
-    train_tasks=4000,  # distinct training questions (of ~6,760), each demonstrated once
+    train_tasks=4000,  # training tasks, each demonstrated once
+    threads=2,  # torch threads: 2,000 steps fit the 10-minute budget on 2 cores (a rerun on the same machine gives the same bytes)
     vocab_size=512,  # at most; the shop's words and the JSON of a tool call each become one token
     warm_start=True,  # start from data/tiny's weights (see warm_start): its layers already copy digits
-    steps=1300,  # SFT optimizer steps
+    steps=2000,  # SFT optimizer steps: copying the bill into the answer is learned late (~1,500 steps)
     batch_size=16,
-    lr=3e-3,  # as helpers.tiny: high for a transformer, fine for ~0.8M parameters trained from scratch
+    lr=3e-3,  # as helpers.tiny: high for a transformer, fine for ~0.8M parameters
     decay_fraction=0.3,  # linear decay to 0 over the last 30% of steps
     eval_tasks=200,  # held-out (validation) tasks for the baseline, greedy and sampled
 )

@@ -22,8 +22,8 @@ ENVS = list_envs()  # what `import helpers.envs` registers (tests that register 
 SECONDS_PER_TURN = 5.0  # generous for a loaded 2-core CI machine; a quadratic parser blows past it
 CODE_TASK = load_code_tasks()[0]
 # One task for every env but "code": the metadata of each built-in task kind (an env ignores what it does not read).
-TASK = Task("fuzz", [{"role": "user", "content": "What do 6 of the usual items cost?"}], "42",
-            {"expression": "6*7", "usual": {"Ann": "apple"}, "prices": {"apple": 7, "pear": 3}})
+TASK = Task("fuzz", [{"role": "user", "content": "What do 6 of my usual items cost?"}], "42",
+            {"expression": "6*7", "item": "apple", "prices": {"apple": 7, "pear": 3}})
 KWARGS = {"code": {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3, cpu_seconds=2)}}
 
 PIECES = ["<tool_call>", "</tool_call>", "<answer>", "</answer>", "```python\n", "```", "\\boxed{", "}", "####", "{", "[", "]",

@@ -1,15 +1,15 @@
-"""ShopEnv: find what a customer buys, look its price up, compute the bill (the multi-step tiny world,
+"""ShopEnv: find what the customer buys, look its price up, compute the bill (the multi-step tiny world,
 ``helpers.tiny_agent``).
 
 Three tools, and the prompt shows neither the item nor its price:
 
-    usual(customer)          the item this customer always buys, in THIS task (``task.metadata["usual"]``), as JSON
+    usual()                  the item the customer asking always buys, in THIS task (``task.metadata["item"]``), as JSON
     lookup(item)             the price of one item in THIS task's shop (``task.metadata["prices"]``)
     calculator(expression)   exact arithmetic (``helpers.calculator.calculate``)
 
     env = make_env("shop", max_steps=5)
-    env.reset(task)      # 'What do 3 of the usual items cost? {"customer": "Ann"}'; hidden: Ann -> pen -> 47
-    env.step(format_tool_call("usual", {"customer": "Ann"}))             # -> tool message '{"item": "pen"}'
+    env.reset(task)      # "What do 3 of my usual items cost?"; hidden: the customer buys pens, a pen costs 47
+    env.step(format_tool_call("usual", {}))                              # -> tool message '{"item": "pen"}'
     env.step(format_tool_call("lookup", {"item": "pen"}))                # -> tool message "47"
     env.step(format_tool_call("calculator", {"expression": "3*47"}))     # -> tool message "141"
     env.step("<answer>141</answer>")                                     # answered, reward 1.0
@@ -21,14 +21,15 @@ Everything else (parsing calls, error messages, limits, judging the answer) is `
 this env only holds the hidden values and answers ``usual`` and ``lookup``. What bad input gives:
 
 * a tool the env does not offer (``search``): ``error: unknown tool 'search'; available: usual, lookup, calculator``
-* a customer or an item the shop does not know (``pens``, or a customer as an item):
-  ``error: the shop has no item 'Ann'``
+* an item the shop does not know (``pens``): ``error: the shop has no item 'pens'``
+* an argument a tool does not take (``usual(customer="Ann")``): ``error: usual got unexpected argument 'customer'``
 * a tool result the model never reads: nothing to catch. Answering without it is judged
   like any answer (``verdict`` ``"wrong_number"``), and calling on and on ends the episode
   with stop reason ``"max_steps"``.
 
-Simplifications, named: names are matched exactly (an item by its singular, lower-case name);
-``usual`` answers in the JSON the next call takes (``{"item": "pen"}``), as many real APIs do.
+Simplifications, named: items are matched exactly (by the singular, lower-case name);
+``usual`` knows who is asking (as a real API knows the logged-in user) and answers in the JSON
+the next call takes (``{"item": "pen"}``), as many real APIs do.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from helpers.envs.tools import Tool, ToolEnv
 
 def _shop_tools(usual=None, lookup=None) -> list[Tool]:
     return [
-        Tool(name="usual", description="The item a customer always buys, e.g. {\"item\": \"pen\"}.",
-             parameters={"customer": "the customer's name"}, fn=usual),
+        Tool(name="usual", description="The item the customer asking always buys, e.g. {\"item\": \"pen\"}.",
+             parameters={}, fn=usual),
         Tool(name="lookup", description="The price of one item in this shop.",
              parameters={"item": "the item's name, singular"}, fn=lookup),
     ]
@@ -52,8 +53,8 @@ def _shop_tools(usual=None, lookup=None) -> list[Tool]:
 class ShopEnv(ToolEnv):
     """Tasks whose answer needs values only the env knows: ``usual``, then ``lookup``, then ``calculator``.
 
-    A task must carry ``metadata["usual"]`` (customer -> item) and ``metadata["prices"]``
-    (item -> price, an int), as ``helpers.tiny_agent.make_agent_tasks`` writes them.
+    A task must carry ``metadata["item"]`` (what the customer buys) and ``metadata["prices"]``
+    (item -> price, an int, the item among them), as ``helpers.tiny_agent.make_agent_tasks`` writes them.
     """
 
     name = "shop"
@@ -61,31 +62,24 @@ class ShopEnv(ToolEnv):
 
     def __init__(self, **limits):
         super().__init__([*_shop_tools(self._usual, self._price), CALCULATOR], **limits)
-        self.usual: dict[str, str] = {}
+        self.item = ""
         self.prices: dict[str, int] = {}
 
     def reset(self, task) -> list[dict]:
         messages = super().reset(task)
-        for key, what in [("usual", "customer -> item"), ("prices", "item -> price")]:
-            if not isinstance(task.metadata.get(key), dict) or not task.metadata[key]:
-                raise ValueError(f"ShopEnv needs a task with metadata[{key!r}] ({what}); task {task.id!r} has none")
-        self.usual, self.prices = dict(task.metadata["usual"]), dict(task.metadata["prices"])  # this task's hidden values
+        item, prices = task.metadata.get("item"), task.metadata.get("prices")
+        if not isinstance(prices, dict) or item not in prices:
+            raise ValueError(f"ShopEnv needs a task with metadata['item'] (what the customer buys) and metadata['prices'] "
+                             f"(item -> price, the item among them); task {task.id!r} has item={item!r}, prices={prices!r}")
+        self.item, self.prices = item, dict(prices)  # this task's hidden values
         return messages
 
-    def _usual(self, customer: str) -> str:
-        item = _find(self.usual, customer, "customer")
-        return item if item.startswith("error:") else json.dumps({"item": item})
+    def _usual(self) -> str:
+        return json.dumps({"item": self.item})
 
     def _price(self, item: str) -> str:
-        return _find(self.prices, item, "item")
-
-
-def _find(table: dict, name, kind: str) -> str:
-    """``table[name]`` as text, or an error message naming what the shop does not have."""
-    key = str(name)  # the model may write a number or a list; str() keeps the dict look-up safe
-    if key in table:
-        return str(table[key])
-    return f"error: the shop has no {kind} {key!r}"
+        key = str(item)  # the model may write a number or a list; str() keeps the dict look-up safe
+        return str(self.prices[key]) if key in self.prices else f"error: the shop has no item {key!r}"
 
 
 register_env("shop", ShopEnv)
