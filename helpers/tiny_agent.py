@@ -32,8 +32,8 @@ from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
 Measured (``baseline.json``, 200 validation tasks): the warm start succeeds 0.245 greedy and
 0.27 sampled; its greedy failures are skipped lookups 59, stopped early 47, wrong tool 45. The
-``tiny-agent`` GRPO run (30 steps, ~6 min on a CPU) takes held-out greedy success from 0.27
-to 0.86 and sampled from 0.27-0.33 to 0.80 (README: three seeds). What it does not fix: orders
+``tiny-agent`` GRPO run (30 steps, 5-6 min on a CPU) takes held-out greedy success from 0.265
+to 0.850-0.855 and sampled from 0.27-0.33 to 0.725-0.805 (README: three seeds). What it does not fix: orders
 of one item, ``key``, which the warm start copies into ``lookup`` only 13% of the time (its
 demonstrator mostly guessed that price), so the policy almost never samples the right call.
 
