@@ -256,7 +256,7 @@ def tiny_agent() -> TrainConfig:
         max_total_tokens=320,  # the 4-turn episode is ~170 tokens; error messages are longer
         eval_every=4,  # 9 held-out points on the curve
         eval_tasks=200,  # one item is 1/12 of the tasks: 64 were too few (a draw of 64 held 11 orders of one item, not 5)
-        pass_k=2,  # 200 greedy + 400 sampled episodes per evaluation: together about 4 steps' time
+        pass_k=2,  # 200 greedy + 400 sampled episodes per evaluation: about 5 training steps' time (notebook 06, section 4)
     )
 
 

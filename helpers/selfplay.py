@@ -460,14 +460,9 @@ def build(out: str | Path = SELFPLAY_DIR, progress: bool = True, **overrides) ->
     import torch
 
     from helpers.sft import encode_conversations, train_sft
-    from helpers.tiny import calculator_tools, load_tiny, save_tiny
+    from helpers.tiny import calculator_tools, load_tiny, save_tiny, start_build
 
-    recipe = {**BUILD, **{key: overrides.pop(key) for key in BUILD if key in overrides}}
-    if overrides:
-        raise ValueError(f"unknown build setting(s) {sorted(overrides)}; choose from {sorted(BUILD)}")
-    started, cpu_started, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
-    torch.set_num_threads(1)  # same float sums on every machine, so the same checkpoint from the seed
-    torch.manual_seed(recipe["seed"])
+    recipe, started, cpu_started, threads = start_build(BUILD, overrides)  # one seeded thread: BUILD sets no "threads"
     model, tokenizer = load_tiny(TINY_DIR)  # the one-call world's model and tokenizer (byte level: the proposer's text encodes)
     solver, proposer = demonstrations(recipe)
     examples = encode_conversations(tokenizer, solver, calculator_tools()) + encode_conversations(tokenizer, proposer, None)
