@@ -44,7 +44,8 @@ model barely tells the two apart.
 Which copies the SFT run learns is fragile; rebuilds with one change each (measured, seed 0
 unless named; "copied" is the teacher-forced probability of the right item in ``lookup``):
 the guessing habit at 0.7 instead of 0.85 copies every item (>= 0.98) but miscopies the bill
-into the answer (GRPO stalls at 0.72 greedy, 55 of 200 answers like 552 -> 572); at 0.75 the
+into the answer (GRPO stalls at 0.72 greedy, 55 of 200 answers like 552 -> 572), and with the
+decay over the last half, not 30%, it copies cake and hat at 0.50 (it mixes them up); at 0.75 the
 warm start is too good (0.405 greedy) and copies key, lamp, mug and pen at 0.44-0.56; at 0.7
 with seed 1 it copies 9 items in 12 at 0.07-0.52; the shop's words' embeddings started at the
 donor's scale copy no item (<= 0.14). The shipped build is the best of those measured.
