@@ -32,14 +32,14 @@ from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
 Measured (``baseline.json``, 200 validation tasks): the warm start succeeds 0.245 greedy and
 0.27 sampled; its greedy failures are skipped lookups 59, stopped early 47, wrong tool 45. The
-``tiny-agent`` GRPO run (30 steps, 5-6 min on a CPU) takes held-out greedy success from 0.265
-to 0.850-0.855 and sampled from 0.27-0.33 to 0.725-0.805 (README: three seeds). What it does not fix: orders
+``tiny-agent`` GRPO run (30 steps, 7-8 min on a shared CPU) takes held-out greedy success from 0.265
+to 0.855 and sampled from 0.27-0.33 to 0.807-0.835 (README: three seeds). What it does not fix: orders
 of one item, ``key``, which the warm start copies into ``lookup`` only 13% of the time (its
 demonstrator mostly guessed that price), so the policy almost never samples the right call;
-it writes ``cake`` instead. GRPO makes that worse, not better: after 30 steps (seed 0) the policy
-looks ``key`` orders up with probability 0.91 (0.18 before) but copies ``key`` with 0.07 (0.13
-before), probably because every rewarded ``lookup("cake")`` also pushes up ``cake`` where the
-model barely tells the two apart.
+it writes ``cake`` instead. GRPO does not mend that: after 30 steps (seed 0) the policy
+looks ``key`` orders up with probability 0.99 (0.18 before) but copies ``key`` with 0.10 (0.13
+before), probably because every rewarded ``lookup("cake")`` also pushes up ``cake`` (0.86 -> 0.88)
+where the model barely tells the two apart.
 
 Which copies the SFT run learns is fragile; rebuilds with one change each (measured, seed 0
 unless named; "copied" is the teacher-forced probability of the right item in ``lookup``):
