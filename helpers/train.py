@@ -312,14 +312,17 @@ def _parser_for(annotation):
     return annotation  # int, float, str
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
+    """``--preset`` and one flag per field of the preset's config class: TrainConfig's fields,
+    plus a subclass's own (``--preset tiny-selfplay`` also takes ``--proposer-weight 5`` ...)."""
     parser = argparse.ArgumentParser(
         prog="python -m helpers.train", description="GRPO training of an LLM agent (the workbook's loop).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS), help="starting config; flags below override it")
-    hints = typing.get_type_hints(TrainConfig)
-    for f in fields(TrainConfig):
+    config_class = type(PRESETS[preset]()) if preset in PRESETS else TrainConfig
+    hints = typing.get_type_hints(config_class)
+    for f in fields(config_class):
         parser.add_argument(f"--{f.name.replace('_', '-')}", f"--{f.name}", dest=f.name, type=_parser_for(hints[f.name]),
                             default=argparse.SUPPRESS, metavar=getattr(hints[f.name], "__name__", "VALUE").upper(),
                             help=f"({hints[f.name]})" if not isinstance(hints[f.name], type) else None)
@@ -327,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> RunResult:
-    args = vars(build_parser().parse_args(argv))
+    preset_only = argparse.ArgumentParser(add_help=False)
+    preset_only.add_argument("--preset", default="tiny-cpu")
+    args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
     config = get_preset(preset, **args)
     print(f"preset {preset}" + (f" with {args}" if args else ""), flush=True)

@@ -26,6 +26,15 @@ def test_cli_flags_are_typed_from_the_dataclass():
         build_parser().parse_args(["--steps", "ten"])
 
 
+def test_cli_takes_the_presets_own_fields():
+    """A preset whose config subclasses TrainConfig (self-play) gets a flag for each of its own fields too."""
+    args = vars(build_parser("tiny-selfplay").parse_args(["--preset", "tiny-selfplay", "--proposer-weight", "5", "--lr", "2e-3"]))
+    assert args == {"preset": "tiny-selfplay", "proposer_weight": 5.0, "lr": 2e-3}
+    assert get_preset("tiny-selfplay", **{k: v for k, v in args.items() if k != "preset"}).proposer_weight == 5.0
+    with pytest.raises(SystemExit):  # the main loop's presets have no such field
+        build_parser("tiny-cpu").parse_args(["--proposer-weight", "5"])
+
+
 def healthy(step, reward=0.5, kl=0.01, **kw):
     return {"step": step, "reward": reward, "kl": kl, "entropy": 0.5, "all_zero_reward": 0.0, "completions/clipped_ratio": 0.0, **kw}
 
