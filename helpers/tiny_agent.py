@@ -33,7 +33,8 @@ from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 Measured (``baseline.json``, 200 validation tasks): the warm start succeeds 0.245 greedy and
 0.27 sampled; its greedy failures are skipped lookups 59, stopped early 47, wrong tool 45. The
 ``tiny-agent`` GRPO run (30 steps, 7-8 min on a shared CPU) takes held-out greedy success from 0.265
-to 0.855 and sampled from 0.27-0.33 to 0.807-0.835 (README: three seeds). What it does not fix: orders
+to 0.855 and sampled from 0.27-0.33 to 0.807-0.835 (README: three seeds, 1 torch thread; with 2,
+seed 0 ends at 0.805 and 0.795). What it does not fix: orders
 of one item, ``key``, which the warm start copies into ``lookup`` only 13% of the time (its
 demonstrator mostly guessed that price), so the policy almost never samples the right call;
 it writes ``cake`` instead. GRPO does not mend that: after 30 steps (seed 0) the policy
