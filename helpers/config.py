@@ -99,6 +99,7 @@ def tiny_cpu() -> TrainConfig:
 
 
 PRESETS = {"tiny-cpu": tiny_cpu}
+DEFAULT_PRESET = "tiny-cpu"  # what the command lines (helpers.train, helpers.evaluate) run without --preset
 
 
 def get_preset(name: str, **overrides) -> TrainConfig:

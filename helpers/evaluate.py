@@ -218,13 +218,13 @@ def main(argv: list[str] | None = None) -> dict:
     """
     import argparse
 
-    from helpers.config import PRESETS, get_preset
+    from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
     from helpers.data import load_dataset
     from helpers.policy import load_model, make_policy
     from helpers.train import env_factory  # the command line sits at the top, beside the trainer's: the same envs
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter.")
-    parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS), help="model, dataset, env and limits")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model, dataset, env and limits")
     parser.add_argument("--adapter", default=None, help="a checkpoint folder (or any saved peft adapter); default: the base model")
     parser.add_argument("--n", type=int, default=200, help="held-out tasks")
     parser.add_argument("--seed", type=int, default=0, help="draws the tasks (generated worlds) and the samples")

@@ -61,7 +61,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from helpers.config import PRESETS, TrainConfig, get_preset
+from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
 from helpers.paths import ROOT
 
 TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
@@ -319,7 +319,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
         prog="python -m helpers.train", description="GRPO training of an LLM agent (the workbook's loop).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS), help="starting config; flags below override it")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="starting config; flags below override it")
     config_class = type(PRESETS[preset]()) if preset in PRESETS else TrainConfig
     hints = typing.get_type_hints(config_class)
     for f in fields(config_class):
@@ -331,7 +331,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> RunResult:
     preset_only = argparse.ArgumentParser(add_help=False)
-    preset_only.add_argument("--preset", default="tiny-cpu")
+    preset_only.add_argument("--preset", default=DEFAULT_PRESET)
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
     config = get_preset(preset, **args)
