@@ -3,6 +3,7 @@ demonstrations and how failures are told apart, the shipped checkpoint."""
 
 import json
 import random
+from collections import Counter
 
 import pytest
 
@@ -73,6 +74,16 @@ def test_splits_never_overlap_across_seeds():
     assert not keys["train"] & keys["test"]
     assert not keys["validation"] & keys["test"]
     assert all(split_of(k) == split for split in SPLITS for k in keys[split])
+
+
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_held_out_splits_hold_every_item_equally_often(split):
+    """A free draw let one item weigh twice its share (29 of 200 test tasks at seed 0); held-out draws take items in turn."""
+    for seed in (0, 1234):
+        counts = Counter(t.metadata["item"] for t in make_agent_tasks(200, seed, split))
+        assert set(counts) == set(ITEMS) and set(counts.values()) == {200 // len(ITEMS), 200 // len(ITEMS) + 1}
+    train = Counter(t.metadata["item"] for t in make_agent_tasks(200, 0, "train"))
+    assert max(train.values()) - min(train.values()) > 1  # training still draws freely (the shipped build's data)
 
 
 def test_bad_split_says_so():
