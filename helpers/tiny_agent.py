@@ -48,7 +48,7 @@ writes ``cake`` for both.
 Which copies the SFT run learns is fragile; rebuilds with one change each (measured, seed 0
 unless named; "copied" is the teacher-forced probability of the right item in ``lookup``):
 the guessing habit at 0.7 instead of 0.85 copies every item (>= 0.98) but miscopies the bill
-into the answer (GRPO stalls at 0.72 greedy, 55 of 200 answers like 552 -> 572; with today's
+into the answer (GRPO stalls at 0.72 greedy, 55 of 200 answers like 552 -> 572; with the shipped
 preset, 12 tasks x 2 updates, still 0.72-0.725 at step 20 on seeds 0 and 1), and with the
 decay over the last half, not 30%, it copies cake and hat at 0.50 (it mixes them up); at 0.75 the
 warm start is too good (0.405 greedy) and copies key, lamp, mug and pen at 0.44-0.56; at 0.7

@@ -78,7 +78,7 @@ def test_splits_never_overlap_across_seeds():
 
 @pytest.mark.parametrize("split", ["validation", "test"])
 def test_held_out_splits_hold_every_item_equally_often(split):
-    """A free draw let one item weigh twice its share (29 of 200 test tasks at seed 0); held-out draws take items in turn."""
+    """A free draw gave one item 1.7 times its share (29 of 200 test tasks at seed 0, not 17); held-out draws take items in turn."""
     for seed in (0, 1234):
         counts = Counter(t.metadata["item"] for t in make_agent_tasks(200, seed, split))
         assert set(counts) == set(ITEMS) and set(counts.values()) == {200 // len(ITEMS), 200 // len(ITEMS) + 1}
