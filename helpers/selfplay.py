@@ -56,7 +56,12 @@ weight at the preset's lr (``proposer_weight`` 5): 0.789, 0.793; twice it (20): 
 the fixed-dataset run lift it (seed 0: 0.797 -> 0.797; seed 1: 0.793, it loses 270*24 too, and
 54*446, and wins 619*932): the near-tie flips under plain GRPO as well. At this size, 50 steps
 sharpen the sampled answers (pass@1 0.59-0.61 -> 0.64-0.73; at proposer weight 20 only to 0.613),
-not the greedy one.
+not the greedy one. Why (notebook 09 §7, 8 samples a task): on the 52 held-out tasks the warm start
+gets wrong greedily it succeeds in 0.034 of its samples, and only 17% of them see one success in 8, so their
+groups have no spread and carry no gradient; training leaves them at 0.031 (self-play) and 0.038 (fixed), while
+on the 204 it gets right the sampled success rises 0.724 -> 0.817 and 0.862. GRPO sharpens what the solver
+sometimes gets right; greedy answers change only at near ties. Larger steps do no better for plain GRPO either
+(the fixed preset, seeds 0 and 1: lr 3e-3 greedy 0.793, 0.785; lr 5e-3 0.781, 0.781; pass@1 0.707-0.723).
 
 Why a penalty for invalid tasks and not just 0: once most valid tasks are trivial (paid 0),
 an invalid one paid 0 is exactly as good, and nothing keeps the proposer in the grammar
