@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
     from helpers.data import load_dataset
-    from helpers.policy import load_model, make_policy
+    from helpers.policy import load_adapter, load_model, make_policy
     from helpers.train import env_factory  # the command line sits at the top, beside the trainer's: the same envs
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter.")
@@ -235,11 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
     config = get_preset(args.preset, device="cpu" if args.preset.startswith(("tiny", "gsm8k-cpu")) else "auto")
     model, tokenizer = load_model(config)
     if args.adapter is not None:
-        from peft import PeftModel
-
         if not (Path(args.adapter) / "adapter_config.json").is_file():
             parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
-        model = PeftModel.from_pretrained(model, args.adapter)
+        model = load_adapter(model, args.adapter)
     model.eval()
     policy = make_policy(config, model, tokenizer)
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)

@@ -456,6 +456,8 @@ class LoRAGRPO:
         from peft import PeftModel, get_peft_model
         from transformers import get_linear_schedule_with_warmup
 
+        from helpers.policy import quiet_peft
+
         if not config.use_lora:
             raise ValueError("LoRAGRPO trains a LoRA adapter (its reference policy is the adapter switched off); set use_lora=True")
         if config.loss_type not in LOSS_TYPES:
@@ -466,8 +468,7 @@ class LoRAGRPO:
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if config.device == "auto" else config.device))
         if not isinstance(model, PeftModel):
-            with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`: noise, not news
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            with quiet_peft():
                 model = get_peft_model(model, lora_config(config))
         self.model = model.to(self.device)
         if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, ~30% more compute

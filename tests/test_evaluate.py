@@ -75,31 +75,40 @@ def test_pass_at_k():
 # --- the command line ------------------------------------------------------------------------
 
 
-def test_command_line_evaluates_a_saved_adapter_like_the_trainer_does(tmp_path, capsys):
-    """`python -m helpers.evaluate --adapter DIR` prints one JSON line that matches evaluating
-    the same adapter in-process on the same tasks."""
+def saved_moved_adapter(tmp_path):
+    """(base model, tokenizer, trainer, checkpoint folder): a LoRA adapter on the tiny model with its B
+    moved off zero (so it can be told apart from the base model), saved as a run saves it."""
     import copy
-    import json
 
     import torch
 
     from helpers.config import get_preset
-    from helpers.data import load_dataset
-    from helpers.envs import make_env
-    from helpers.evaluate import main
     from helpers.grpo import LoRAGRPO
-    from helpers.policy import HFPolicy
     from helpers.tiny import load_tiny
 
     model, tokenizer = load_tiny()
     torch.manual_seed(0)
     trainer = LoRAGRPO(copy.deepcopy(model), get_preset("tiny-cpu"))
-    with torch.no_grad():  # a moved adapter, so the check can tell it apart from the base model
+    with torch.no_grad():
         for name, p in trainer.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.02)
     trainer.model.eval()
-    checkpoint = trainer.save_checkpoint(tmp_path / "checkpoint-1")
+    return model, tokenizer, trainer, trainer.save_checkpoint(tmp_path / "checkpoint-1")
+
+
+def test_command_line_evaluates_a_saved_adapter_like_the_trainer_does(tmp_path, capsys):
+    """`python -m helpers.evaluate --adapter DIR` prints one JSON line that matches evaluating
+    the same adapter in-process on the same tasks."""
+    import json
+
+    from helpers.config import get_preset
+    from helpers.data import load_dataset
+    from helpers.envs import make_env
+    from helpers.evaluate import main
+    from helpers.policy import HFPolicy
+
+    _, tokenizer, trainer, checkpoint = saved_moved_adapter(tmp_path)
 
     line = main(["--preset", "tiny-cpu", "--adapter", str(checkpoint), "--n", "6", "--seed", "1234", "--k", "2"])
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -119,3 +128,26 @@ def test_command_line_refuses_a_folder_without_an_adapter(tmp_path):
 
     with pytest.raises(SystemExit):
         main(["--preset", "tiny-cpu", "--adapter", str(tmp_path), "--n", "2"])
+
+
+def test_load_adapter_puts_the_saved_adapter_back_quietly(tmp_path):
+    """``load_adapter`` on a fresh base model gives the trained model's logits, in eval mode, without
+    the FutureWarning peft triggers in transformers (the saved-outputs test forbids it in notebooks)."""
+    import warnings
+
+    import torch
+
+    from helpers.policy import load_adapter
+    from helpers.tiny import load_tiny
+
+    model, _, trainer, checkpoint = saved_moved_adapter(tmp_path)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_adapter(load_tiny()[0], checkpoint)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+    assert not loaded.training
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected, got, base = trainer.model(ids).logits, loaded(ids).logits, model(ids).logits
+    assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, base, atol=1e-3)

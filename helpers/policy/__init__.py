@@ -3,9 +3,13 @@
     from helpers.policy import HFPolicy, SamplingParams, load_model, make_policy
     model, tokenizer = load_model(config)               # a local folder (data/tiny) or a hub id
     policy = make_policy(config, model, tokenizer)      # config.backend: "hf" (transformers) or "vllm"
+    trained = load_adapter(model, "runs/.../checkpoint-50")  # a run's trained LoRA adapter on the base model
     policy = HFPolicy(model, tokenizer)                 # transformers, CPU or GPU
     policy = VLLMPolicy(...)                            # helpers.policy.vllm (imported lazily)
 """
+
+import warnings
+from contextlib import contextmanager
 
 from helpers.config import TrainConfig
 from helpers.paths import ROOT
@@ -35,6 +39,23 @@ def load_model(config: TrainConfig):
     return model, AutoTokenizer.from_pretrained(source)
 
 
+@contextmanager
+def quiet_peft():
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model: a
+    FutureWarning that is noise, not news, to the reader. Silenced here, and only that one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def load_adapter(model, adapter_dir):
+    """``model`` with a trained LoRA adapter on it (a run's ``checkpoint-<step>`` folder), in eval mode."""
+    from peft import PeftModel
+
+    with quiet_peft():
+        return PeftModel.from_pretrained(model, adapter_dir).eval()
+
+
 def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
     """The rollout backend of ``config.backend``: transformers on ``model`` itself, or a vLLM
     engine on the same weights that starts from ``model``'s adapter (its B = 0 at the start
@@ -50,5 +71,5 @@ def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
     raise ValueError(f"unknown backend {config.backend!r}; choose from {BACKENDS}")
 
 
-__all__ = ["BACKENDS", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_model",
-           "make_policy", "resolve_device"]
+__all__ = ["BACKENDS", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_adapter", "load_model",
+           "make_policy", "quiet_peft", "resolve_device"]
