@@ -4,7 +4,7 @@ Agentic RL needs only the *task*: the prompt the policy sees. The reference
 answer travels with the task so that the environment can check the policy's
 answer, but it is never shown to the policy.
 
-    tasks = load_gsm8k("train", source="data/gsm8k_sample.jsonl")  # or source="hub"
+    tasks = load_dataset("gsm8k-sample", "train")         # a registered dataset (helpers.worlds registers them)
     train, val = train_val_split(tasks, val_fraction=0.2, seed=0)
     sampler = TaskSampler(train, batch_size=8, seed=0)
     batch = next(sampler)                                 # list of 8 Tasks
@@ -12,8 +12,6 @@ answer, but it is never shown to the policy.
 
 Simplifications, named:
 
-* GSM8K gold answers are parsed to one canonical number (``"1,000"`` -> ``"1000"``);
-  GSM8K has no other kind of answer.
 * ``TaskSampler`` drops the last ``len(tasks) % batch_size`` tasks of each epoch's
   shuffled order (like ``DataLoader(drop_last=True)``), so every batch has the same
   size; a different permutation each epoch means no task is left out for long.
@@ -21,18 +19,15 @@ Simplifications, named:
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
-import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from helpers.formats import ANSWER_CLOSE, ANSWER_INSTRUCTION, ANSWER_OPEN, format_number, to_number
-from helpers.paths import GSM8K_SAMPLE
+from helpers.formats import ANSWER_INSTRUCTION, format_number, to_number
 
 
 @dataclass
@@ -93,15 +88,12 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = No
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
 
-# --- GSM8K ---------------------------------------------------------------------------------
-
-_CALC_ANNOTATION = re.compile(r"<<[^>]*>>")  # GSM8K's calculator traces: "4*5=<<4*5=20>>20"
-
-
 def parse_gold_answer(solution: str, where: str = "answer") -> str:
     """The canonical number after ``####`` in a GSM8K solution: ``"... #### 1,000"`` -> ``"1000"``.
 
     ``where`` names the file and row in the error message.
+
+    The format of GSM8K's solutions; rewards accept such a solution as the reference too.
 
     Taught in notebooks/01_dataset.ipynb §1.
     """
@@ -112,39 +104,6 @@ def parse_gold_answer(solution: str, where: str = "answer") -> str:
     if value is None:
         raise DatasetError(f"{where}: final answer after '####' is not a number: {final!r}")
     return format_number(value)
-
-
-def solution_to_reply(solution: str) -> str:
-    """A GSM8K solution rewritten in the workbook's answer format (for few-shot examples, SFT).
-
-    Drops the ``<<a*b=c>>`` calculator annotations and replaces ``#### N`` by ``<answer>N</answer>``.
-    """
-    reasoning, _, _ = solution.rpartition("####")
-    answer = parse_gold_answer(solution)
-    return _CALC_ANNOTATION.sub("", reasoning).strip() + f"\nThe answer is {ANSWER_OPEN}{answer}{ANSWER_CLOSE}."
-
-
-def gsm8k_task(
-    row: dict, task_id: str, source: str, row_no: int, system: str | None = SYSTEM_PROMPT, few_shot: list[tuple[str, str]] | None = None
-) -> Task:
-    """One GSM8K row (``question``, ``answer`` ending in ``#### N``) as a Task.
-
-    ``source`` and ``row_no`` (1-based line number) name the row in errors and in the metadata.
-    """
-    where = f"{source}, row {row_no}"
-    question = row.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise DatasetError(f"{where}: row has no 'question' (keys: {sorted(row)})")
-    solution = row.get("answer")
-    if not isinstance(solution, str):
-        raise DatasetError(f"{where}: row has no 'answer' text (keys: {sorted(row)})")
-    answer = parse_gold_answer(solution, where)
-    return Task(
-        id=task_id,
-        prompt=make_prompt(question.strip(), system=system, few_shot=few_shot),
-        answer=answer,
-        metadata={"question": question.strip(), "solution": solution, "source": source, "row": row_no},
-    )
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
@@ -201,44 +160,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_gsm8k(
-    split: str = "train",
-    source: str | Path = "hub",
-    max_samples: int | None = None,
-    system: str | None = SYSTEM_PROMPT,
-    few_shot: list[tuple[str, str]] | None = None,
-) -> list[Task]:
-    """GSM8K as Tasks, from the Hugging Face hub or from a local jsonl file.
-
-    source="hub":  ``datasets.load_dataset("openai/gsm8k", "main", split=split)`` (needs internet
-                   once; ``split`` is "train" or "test").
-    source=path:   a jsonl file in GSM8K's own format, one ``{"question", "answer"}`` per line
-                   (``split`` then only names the task ids: give two files two split names).
-    max_samples:   keep the first N rows (files keep their order; shuffle with TaskSampler).
-
-    Task ids are ``gsm8k-{split}-{row index:05d}``, stable across runs.
-
-    Taught in notebooks/01_dataset.ipynb §1.
-    """
-    if source == "hub":
-        import datasets  # imported here: reading a local file should not need it
-
-        hub = datasets.load_dataset("openai/gsm8k", "main", split=split)
-        rows = [(i + 1, row) for i, row in enumerate(hub)]  # rows numbered from 1, like file lines
-        name = f"openai/gsm8k[{split}]"
-    else:
-        rows = read_jsonl(source)
-        name = str(source)
-    if max_samples is not None:
-        rows = rows[:max_samples]
-    if not rows:
-        raise DatasetError(f"{name}: dataset is empty")
-    return [
-        gsm8k_task(row, f"gsm8k-{split}-{i:05d}", name, row_no, system, few_shot)
-        for i, (row_no, row) in enumerate(rows)
-    ]
-
-
 # --- the dataset registry ------------------------------------------------------------------
 # Mirrors ``helpers.envs.register_env``: a preset names its dataset (``config.dataset``), and
 # ``load_dataset`` finds the function that makes its tasks. A loader takes the split, how many
@@ -247,7 +168,6 @@ def load_gsm8k(
 DatasetLoader = Callable[[str, "int | None", int], "list[Task]"]
 DATASETS: dict[str, DatasetLoader] = {}
 DATASET_SPLITS = ("train", "validation", "test")
-DATASET_MODULES = ("helpers.tiny", "helpers.tiny_agent", "helpers.selfplay")  # modules that register more datasets; imported on first use
 
 
 def register_dataset(name: str):
@@ -263,8 +183,7 @@ def register_dataset(name: str):
 
 
 def list_datasets() -> list[str]:
-    for module in DATASET_MODULES:
-        importlib.import_module(module)
+    """The registered datasets' names (importing ``helpers.worlds`` registers the built-in worlds')."""
     return sorted(DATASETS)
 
 
@@ -276,27 +195,12 @@ def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> 
     if split not in DATASET_SPLITS:
         raise DatasetError(f"unknown split {split!r}; choose from {DATASET_SPLITS}")
     if name not in list_datasets():
-        raise DatasetError(f"unknown dataset {name!r}; choose from {list_datasets()}")
+        hint = "" if DATASETS else " (none registered yet: `import helpers.worlds` registers the built-in worlds' datasets)"
+        raise DatasetError(f"unknown dataset {name!r}; choose from {list_datasets()}{hint}")
     tasks = DATASETS[name](split, n, seed)
     if not tasks:
         raise DatasetError(f"dataset {name!r} has no {split} tasks")
     return tasks
-
-
-@register_dataset("gsm8k")
-def gsm8k_hub(split: str, n: int | None, seed: int) -> list[Task]:
-    """GSM8K from the hub: its own train and test splits (no validation split: use train_val_split)."""
-    if split == "validation":
-        raise DatasetError("gsm8k has no validation split on the hub; split the train split with train_val_split")
-    return load_gsm8k(split, "hub", max_samples=n)
-
-
-@register_dataset("gsm8k-sample")
-def gsm8k_sample(split: str, n: int | None, seed: int) -> list[Task]:
-    """data/gsm8k_sample.jsonl (51 problems), split 80/20 by task id: plumbing only.
-    "validation" and "test" are the same 20%."""
-    train, held_out = train_val_split(load_gsm8k("sample", GSM8K_SAMPLE), val_fraction=0.2, seed=0)
-    return (train if split == "train" else held_out)[:n]
 
 
 # --- splits and batches ----------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Fixtures shared by the trainer tests."""
+"""Fixtures shared by the tests; importing ``helpers.worlds`` registers every built-in world (datasets, envs, presets)."""
 
 import pytest
 import torch
 
-from helpers.tiny import load_tiny
+import helpers.worlds  # noqa: F401
+from helpers.worlds.tinymodel import load_tiny
 
 
 @pytest.fixture

@@ -7,9 +7,18 @@ from fractions import Fraction
 import pytest
 
 from helpers import data
-from helpers.data import DatasetError, Task, TaskSampler, load_gsm8k, make_prompt, parse_gold_answer, render_prompt, train_val_split
+from helpers.data import (
+    DatasetError,
+    Task,
+    TaskSampler,
+    make_prompt,
+    parse_gold_answer,
+    render_prompt,
+    train_val_split,
+)
 from helpers.formats import ANSWER_INSTRUCTION, to_number
 from helpers.paths import GSM8K_SAMPLE
+from helpers.worlds.gsm8k.tasks import load_gsm8k, solution_to_reply
 
 
 def write_jsonl(path, rows):
@@ -51,7 +60,7 @@ def test_parse_gold_answer_errors_name_the_row():
 
 
 def test_solution_to_reply_uses_answer_tag_and_drops_annotations():
-    reply = data.solution_to_reply("He buys 3*4=<<3*4=12>>12 eggs.\n#### 1,012")
+    reply = solution_to_reply("He buys 3*4=<<3*4=12>>12 eggs.\n#### 1,012")
     assert "<<" not in reply and "####" not in reply
     assert reply.endswith("<answer>1012</answer>.")
     assert "He buys 3*4=12 eggs." in reply

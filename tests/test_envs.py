@@ -6,8 +6,7 @@ import time
 
 import pytest
 
-from helpers.data import Task
-from helpers.data import DatasetError
+from helpers.data import DatasetError, Task
 from helpers.envs import (
     INFO_KEYS,
     STOP_REASONS,

@@ -4,10 +4,17 @@ import pytest
 
 from helpers.data import Task
 from helpers.envs import make_env
-from helpers.evaluate import breakdown, evaluate, load_records, pass_at_k, save_records
+from helpers.evaluation import (
+    breakdown,
+    evaluate,
+    load_records,
+    pass_at_k,
+    save_records,
+)
 from helpers.formats import format_tool_call
 from helpers.policy import ScriptedPolicy
-from helpers.tiny import TINY_SYSTEM, load_tokenizer
+from helpers.worlds.arithmetic.tasks import TINY_SYSTEM
+from helpers.worlds.tinymodel import load_tokenizer
 
 CALL = format_tool_call("calculator", {"expression": "47*86"})
 
@@ -84,7 +91,7 @@ def saved_moved_adapter(tmp_path):
 
     from helpers.config import get_preset
     from helpers.grpo import LoRAGRPO
-    from helpers.tiny import load_tiny
+    from helpers.worlds.tinymodel import load_tiny
 
     model, tokenizer = load_tiny()
     torch.manual_seed(0)
@@ -138,7 +145,7 @@ def test_load_adapter_puts_the_saved_adapter_back_quietly(tmp_path):
     import torch
 
     from helpers.policy import load_adapter
-    from helpers.tiny import load_tiny
+    from helpers.worlds.tinymodel import load_tiny
 
     model, _, trainer, checkpoint = saved_moved_adapter(tmp_path)
 

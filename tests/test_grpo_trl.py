@@ -13,8 +13,7 @@ import torch
 from helpers.config import TrainConfig
 from helpers.grpo import LoRAGRPO
 from helpers.trl_compat import compare_with_trl
-from helpers.tiny import make_tiny_tasks
-
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from helpers.config import get_preset
-from helpers.data import load_gsm8k
-from helpers.evaluate import breakdown, evaluate, save_records
+from helpers.evaluation import breakdown, evaluate, save_records
 from helpers.formats import format_number, to_number
 from helpers.memory import memory_plan
 from helpers.paths import GSM8K_SAMPLE, TINY_DIR
-from helpers.trl_compat import batch_split
 from helpers.policy.base import Generation
+from helpers.trl_compat import batch_split
+from helpers.worlds.gsm8k.tasks import load_gsm8k
 
 
 def test_gsm8k_24gb_preset_is_what_the_issue_asks_for():

@@ -8,7 +8,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from helpers import rewards as R
-from helpers.judge import GroupJudge, JudgeReply, JudgeReward, OpenAIBackend, TransformersBackend, parse_score, parse_verdict
+from helpers.judge import (
+    GroupJudge,
+    JudgeReply,
+    JudgeReward,
+    OpenAIBackend,
+    TransformersBackend,
+    parse_score,
+    parse_verdict,
+)
 from tests.test_rewards import CALL, make_traj
 
 
@@ -160,7 +168,7 @@ def test_unreachable_endpoint_is_an_error_not_a_crash():
 
 
 def test_tiny_model_as_local_judge_exercises_parse_failures():
-    from helpers.tiny import load_tiny
+    from helpers.worlds.tinymodel import load_tiny
 
     model, tokenizer = load_tiny()
     backend = TransformersBackend(model, tokenizer, max_new_tokens=16, timeout=20)

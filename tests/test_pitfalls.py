@@ -7,7 +7,8 @@ from helpers.pitfalls import preflight
 from helpers.policy import SamplingParams, ScriptedPolicy
 from helpers.rewards import score_trajectories
 from helpers.rollout import rollout
-from helpers.tiny import load_tokenizer, make_tiny_tasks
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from helpers.worlds.tinymodel import load_tokenizer
 
 
 def verdicts(checklist) -> dict[str, bool]:
@@ -30,7 +31,7 @@ def test_each_item_fails_on_its_pitfall():
     assert verdicts(no_eval)["TrainConfig.eval_every, save_every"] is False
 
     blind = preflight(get_preset("tiny-cpu", log_kl=False))
-    assert verdicts(blind)["helpers.pitfalls.check_health"] is False
+    assert verdicts(blind)["helpers.health.check_health"] is False
 
     register_env("calculator-no-timeouts", lambda max_steps: CalculatorEnv(max_steps=max_steps, episode_timeout=None), overwrite=True)
     unbounded = preflight(get_preset("tiny-cpu", env="calculator-no-timeouts"))

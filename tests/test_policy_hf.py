@@ -5,7 +5,7 @@ import torch
 
 from helpers.policy import HFPolicy, SamplingParams
 from helpers.policy.hf import sample_next
-from helpers.tiny import load_tiny
+from helpers.worlds.tinymodel import load_tiny
 
 torch.set_num_threads(1)
 
@@ -46,7 +46,7 @@ def test_logprobs_match_a_fresh_forward_pass(tiny, temperature):
 def test_stop_tokens_end_each_row_on_its_own(tiny):
     """A row about to call the tool and a row about to answer share a batch: each stops at its own stop token."""
     from helpers.formats import format_tool_call
-    from helpers.tiny import calculator_tools, make_tiny_tasks
+    from helpers.worlds.arithmetic.tasks import calculator_tools, make_tiny_tasks
 
     model, tokenizer = tiny
     policy = HFPolicy(model, tokenizer)

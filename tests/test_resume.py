@@ -18,8 +18,7 @@ from helpers.config import TrainConfig
 from helpers.data import Task
 from helpers.grpo import LoRAGRPO, latest_checkpoint
 from helpers.rollout import Trajectory
-from helpers.tiny import load_tiny
-
+from helpers.worlds.tinymodel import load_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,13 +7,14 @@ import pytest
 
 from helpers import rewards as R
 from helpers.config import TrainConfig
-from helpers.data import Task, load_gsm8k
+from helpers.data import Task
 from helpers.formats import format_number, format_tool_call
-from helpers.paths import GSM8K_SAMPLE
 from helpers.grpo import advantage_table
+from helpers.paths import GSM8K_SAMPLE
 from helpers.rollout import Trajectory
 from helpers.trl_compat import reward_funcs, to_trl_reward_func
 from helpers.viewer import reward_panel, widgets_frontend
+from helpers.worlds.gsm8k.tasks import load_gsm8k
 
 
 def make_traj(turns, answer="1000", info=None, task_id="t0", group=0, mask=None):

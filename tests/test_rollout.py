@@ -8,9 +8,16 @@ import torch
 from helpers.envs import Env, StepResult, make_env, new_info
 from helpers.formats import format_tool_call
 from helpers.policy import HFPolicy, SamplingParams, ScriptedPolicy
-from helpers.rollout import load_trajectories, render, rollout, save_trajectories, stop_token_ids
-from helpers.tiny import load_tiny, make_tiny_tasks
+from helpers.rollout import (
+    load_trajectories,
+    render,
+    rollout,
+    save_trajectories,
+    stop_token_ids,
+)
 from helpers.viewer import group_html, trajectory_html
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from helpers.worlds.tinymodel import load_tiny
 
 torch.set_num_threads(1)
 

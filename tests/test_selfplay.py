@@ -1,4 +1,4 @@
-"""Tests for helpers.selfplay and helpers.envs.selfplay_env: the learnability reward and the
+"""Tests for helpers.worlds.selfplay (collect, env, tasks, build): the learnability reward and the
 per-role advantages on hand-computed groups, proposal checking, a short run and resume."""
 
 import json
@@ -10,10 +10,12 @@ import torch
 
 from helpers.config import get_preset
 from helpers.envs import make_env
-from helpers.envs.selfplay_env import check_proposal, difficulty, proposer_task
 from helpers.live import LiveCurves
-from helpers.selfplay import SELFPLAY_DIR, learnability, role_advantages, selfplay_dataset, success_by_difficulty
 from helpers.train import train
+from helpers.worlds.selfplay.build import SELFPLAY_DIR, success_by_difficulty
+from helpers.worlds.selfplay.collect import learnability, role_advantages
+from helpers.worlds.selfplay.env import check_proposal, difficulty, proposer_task
+from helpers.worlds.selfplay.tasks import selfplay_dataset
 
 TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")
 

@@ -5,8 +5,16 @@ import torch
 
 from helpers.envs import CalculatorEnv
 from helpers.formats import format_tool_call
-from helpers.sft import IGNORE, collate, encode_conversation, encode_conversations, sft_loss, train_sft
-from helpers.tiny import demonstration, load_tokenizer, make_tiny_tasks, new_model
+from helpers.sft import (
+    IGNORE,
+    collate,
+    encode_conversation,
+    encode_conversations,
+    sft_loss,
+    train_sft,
+)
+from helpers.worlds.arithmetic.tasks import demonstration, make_tiny_tasks
+from helpers.worlds.tinymodel import load_tokenizer, new_model
 
 TOOLS = CalculatorEnv.tools
 

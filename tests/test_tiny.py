@@ -9,7 +9,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from helpers.envs import CalculatorEnv
 from helpers.formats import format_tool_call
 from helpers.paths import TINY_DIR
-from helpers.tiny import SPECIAL_TOKENS, SPLITS, demonstration, load_tiny, make_tiny_tasks, split_of, train_tokenizer
+from helpers.worlds.arithmetic.tasks import (
+    SPLITS,
+    demonstration,
+    make_tiny_tasks,
+    split_of,
+)
+from helpers.worlds.tinymodel import SPECIAL_TOKENS, load_tiny, train_tokenizer
 
 TOOLS = CalculatorEnv.tools
 
@@ -132,7 +138,7 @@ def test_shipped_baseline_is_in_range():
 
 def test_build_is_deterministic(tmp_path):
     """A (very short) build twice from the same seed: the same weights, tokenizer and baseline."""
-    from helpers.tiny import build
+    from helpers.worlds.arithmetic.build import build
 
     small = dict(steps=4, train_tasks=48, eval_tasks=8, progress=False)
     first, second = build(tmp_path / "a", **small), build(tmp_path / "b", **small)
@@ -147,7 +153,7 @@ def test_build_is_deterministic(tmp_path):
 def test_tags_are_single_tokens_that_decoding_keeps():
     """<answer> and <tool_call> are one token each, but not special ones (as in Qwen2.5): TRL decodes
     completions with skip_special_tokens=True, and a reward reading the tags must still see them."""
-    from helpers.tiny import TAGS, load_tokenizer
+    from helpers.worlds.tinymodel import TAGS, load_tokenizer
 
     tokenizer = load_tokenizer()
     text = "<tool_call>\n{}\n</tool_call><answer>42</answer>"

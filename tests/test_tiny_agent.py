@@ -10,17 +10,23 @@ import pytest
 from helpers.calculator import calculate
 from helpers.data import Task, load_dataset
 from helpers.envs import check_env, make_env
-from helpers.envs.shop import ShopEnv
 from helpers.formats import format_tool_call
 from helpers.paths import ROOT
 from helpers.policy.base import ScriptedPolicy
 from helpers.rollout import rollout
-from helpers.tiny import load_tokenizer
-from helpers.tiny_agent import (
-    AGENT_DIR, EPISODE, FLAWS, ITEMS, SPLITS, build, demonstration, demonstrator_flaw, failure_kind,
-    HABITS, make_agent_tasks,
+from helpers.worlds.arithmetic.tasks import SPLITS, split_of
+from helpers.worlds.shop.build import (
+    AGENT_DIR,
+    FLAWS,
+    HABITS,
+    build,
+    demonstration,
+    demonstrator_flaw,
+    failure_kind,
 )
-from helpers.tiny import split_of
+from helpers.worlds.shop.env import ShopEnv
+from helpers.worlds.shop.tasks import EPISODE, ITEMS, make_agent_tasks
+from helpers.worlds.tinymodel import load_tokenizer
 
 
 def usual():

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.config import get_preset
+from helpers.health import check_health
 from helpers.live import LiveCurves
-from helpers.pitfalls import check_health
 from helpers.train import build_parser, train
 
 TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")

@@ -29,7 +29,7 @@ from helpers.paths import TINY_DIR  # noqa: E402
 from helpers.policy import SamplingParams  # noqa: E402
 from helpers.policy.vllm import VLLMPolicy  # noqa: E402
 from helpers.rollout import render  # noqa: E402
-from helpers.tiny import make_tiny_tasks  # noqa: E402
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks  # noqa: E402
 
 TOLERANCE = 1e-4  # per-token log-prob, float32 on both sides (measured: up to ~6e-5, on low-probability tokens)
 MAX_LEN = 192  # the tiny-cpu preset's episode budget

@@ -47,12 +47,19 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
     from transformers import PrinterCallback, TrainerCallback
 
     from helpers.config import get_preset
-    from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards, lora_config
-    from helpers.trl_compat import trajectories_from_trl, trl_trainer
+    from helpers.grpo import (
+        LoRAGRPO,
+        collate,
+        group_advantages,
+        group_rewards,
+        lora_config,
+    )
     from helpers.policy.base import SamplingParams
     from helpers.policy.hf import HFPolicy
     from helpers.rollout import rollout
-    from helpers.tiny import load_tiny, make_tiny_tasks
+    from helpers.trl_compat import trajectories_from_trl, trl_trainer
+    from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+    from helpers.worlds.tinymodel import load_tiny
 
     torch.set_num_threads(threads)
     say = print if verbose else (lambda *a, **k: None)

@@ -62,7 +62,8 @@ import torch
 
 from helpers.policy import HFPolicy, SamplingParams
 from helpers.rollout import RolloutStats, rollout
-from helpers.tiny import load_tiny, make_tiny_tasks
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from helpers.worlds.tinymodel import load_tiny
 
 
 @dataclass

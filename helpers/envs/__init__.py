@@ -20,8 +20,6 @@ from helpers.envs.check import EnvCheckError, check_env
 from helpers.envs.code_env import CodeEnv, extract_code, load_code_tasks, parse_test, run_tests
 from helpers.envs.math_env import MathEnv
 from helpers.envs.registry import list_envs, make_env, register_env
-from helpers.envs.shop import ShopEnv  # noqa: F401  (registers "shop")
-from helpers.envs.selfplay_env import ProposerEnv  # noqa: F401  (registers "propose")
 from helpers.envs.tools import Tool, ToolEnv, call_with_timeout
 
 register_env("math", MathEnv)

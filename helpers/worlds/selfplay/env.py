@@ -1,6 +1,6 @@
 """The proposer's environment (自我博弈: the proposer role): check a proposed task, compute its answer.
 
-In self-play (``helpers.selfplay``) one policy plays two roles. As the *solver* it meets
+In self-play (``helpers.worlds.selfplay``) one policy plays two roles. As the *solver* it meets
 the one-call world's tasks ("What is 47*86?") in ``CalculatorEnv``. As the *proposer*
 it writes a new task in the world's grammar, and this env is its world: one turn, in
 which the env parses the proposal, checks it, and works out the true answer itself,
@@ -32,7 +32,7 @@ Simplifications, named:
 * The proposal must be the whole reply (surrounding spaces aside): a task in a sentence
   counts as malformed, which keeps the check a single regular expression.
 * The reward is not the env's: it needs the solver's attempts, so the training loop
-  (``helpers.selfplay``) pays the proposer after solving; the env's own reward is 0.
+  (``helpers.worlds.selfplay``) pays the proposer after solving; the env's own reward is 0.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """ShopEnv: find what the customer buys, look its price up, compute the bill (the multi-step tiny world,
-``helpers.tiny_agent``).
+``helpers.worlds.shop``).
 
 Three tools, and the prompt shows neither the item nor its price:
 
@@ -54,14 +54,14 @@ class ShopEnv(ToolEnv):
     """Tasks whose answer needs values only the env knows: ``usual``, then ``lookup``, then ``calculator``.
 
     A task must carry ``metadata["item"]`` (what the customer buys) and ``metadata["prices"]``
-    (item -> price, an int, the item among them), as ``helpers.tiny_agent.make_agent_tasks`` writes them.
+    (item -> price, an int, the item among them), as ``helpers.worlds.shop.tasks.make_agent_tasks`` writes them.
     """
 
     name = "shop"
-    tools = [tool.schema for tool in _shop_tools()] + [CALCULATOR.schema]  # the order an episode uses them
+    tools = [CALCULATOR.schema] + [tool.schema for tool in reversed(_shop_tools())]  # TRL's order: by name
 
     def __init__(self, **limits):
-        super().__init__([*_shop_tools(self._usual, self._price), CALCULATOR], **limits)
+        super().__init__([CALCULATOR, *reversed(_shop_tools(self._usual, self._price))], **limits)
         self.item = ""
         self.prices: dict[str, int] = {}
 

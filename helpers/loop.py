@@ -1,0 +1,350 @@
+"""The training loop (训练循环): one function, ``train``, for every world.
+
+    from helpers.train import train            # the command's module re-exports it
+    result = train(get_preset("tiny-agent"), preset_name="tiny-agent")
+    print(result.line())                       # before -> after
+
+One step of the loop, each arrow of the pipeline one line (see ``GroupCollector`` and ``train`` below):
+
+    tasks = sampler.next_batch()                                         # Dataset   B tasks
+    trajs = rollout(tasks, make_env, policy, group_size=G, ...)          # Env + Rollout: B*G episodes
+    rewards = score_trajectories(trajs, reward)                          # Reward    one number per episode
+    advantages = group_advantages(group_rewards(trajs), scale_rewards)   # GRPO      A = (r - mean) / std, (B, G)
+    stats = trainer.update(collate(trajs, advantages, ...))              # GRPO      the clipped-ratio update
+    policy.sync(trainer.model)                                           # the sampler takes the new adapter
+
+The first four lines are the *collector*: how one step's batch of episodes and advantages is
+made. ``GroupCollector`` is the default (B tasks from the training split, G episodes each); a
+world whose batches are made differently registers its own collector (``@register_collector``)
+and names it in its preset (``config.collect``): self-play proposes its tasks before it solves
+them (``helpers.worlds.selfplay``). Everything else (evaluation, the update, ``policy.sleep()``
+and ``policy.sync()``, logging, health checks, checkpoints, resume) is this one loop's.
+
+The run folder (``runs/<preset>-seed<seed>/`` by default) gets:
+
+    config.json          the full config of the run
+    metrics.jsonl        one line per step (step 0 = the evaluation before training), TRL's metric names
+    trajectories/        sampled training episodes every ``log_trajectories_every`` steps (JSONL)
+    eval/                per-task evaluation records (and the greedy episodes) before, during and after
+    curves.png           the live curves, saved at the end
+    summary.json         before, after, wall-clock and CPU time (and what the collector adds)
+    checkpoint-<step>/   adapter + optimizer + RNG + collector state (the last two are kept; written atomically)
+
+Health checks (``helpers.health.check_health``) watch the metrics for the classic failures
+and print a warning (counted in the metrics as ``warn/<kind>``).
+
+Resume: a checkpoint holds everything the next step depends on (adapter, optimizer,
+scheduler, the collector's data position, metrics so far), and every step's sampling seed is a
+function of ``(seed, step)``, so a run killed after a checkpoint and resumed gives the
+same numbers as a run that was never killed (on CPU; GPU kernels may not be bit-exact).
+
+Simplifications, named:
+- One process, one device; rollout and update alternate (no asynchronous rollouts).
+- ``kl`` is measured on the sampled batch *before* the update (policy at sampling time vs
+  the reference), with one extra no-grad forward pass, counted in ``t_update``. With
+  ``beta > 0`` the trainer's own KL (during the update) is logged instead.
+- Evaluations between the first and the last sample one episode per task (``eval/pass@1``,
+  the sampled success rate) besides the greedy one; pass@k costs k episodes per task, so it
+  is measured before and after only. ``pass_k = 0`` turns sampled evaluation off.
+- The evaluation tasks are fixed (the test split drawn with seed 0, the same for every
+  run seed) so seeds compare; training never samples from the test split.
+
+Taught in notebooks/06_training_loop.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from helpers.config import TrainConfig
+from helpers.paths import ROOT
+
+TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
+KEEP_CHECKPOINTS = 2  # older checkpoint folders are deleted (a GSM8K adapter + optimizer is ~200 MB)
+EVAL_SEED = 0  # the held-out tasks: the test split drawn with this seed, whatever the run's seed
+
+
+def env_factory(config: TrainConfig):
+    """A function making one fresh env per episode: the registry name and options in the config."""
+    from helpers.envs import make_env
+
+    make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
+    return lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step: a function of (run seed, step) only, so a resumed run
+    samples exactly what the uninterrupted run sampled at that step."""
+    return seed * 1_000_003 + step
+
+
+# ----------------------------------------------------------------------------------------------
+# The run folder
+# ----------------------------------------------------------------------------------------------
+
+
+def run_dir_for(config: TrainConfig, preset_name: str | None) -> Path:
+    path = Path(config.out_dir.format(preset=preset_name or "custom", seed=config.seed))
+    return path if path.is_absolute() else ROOT / path
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """A fresh (non-resumed) run replaces what an earlier run wrote in the same folder."""
+    for name in ["metrics.jsonl", "summary.json", "curves.png", "config.json"]:
+        (run_dir / name).unlink(missing_ok=True)
+    for folder in [run_dir / TRAJECTORY_DIR, run_dir / EVAL_DIR, *run_dir.glob("checkpoint-*")]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def save_checkpoint(trainer, run_dir: Path, step: int, extra_state: dict) -> None:
+    """Save this step's checkpoint (atomically), then delete all but the newest ``KEEP_CHECKPOINTS``
+    (and any ``.tmp-`` folder a killed save left behind)."""
+    from helpers.grpo import CHECKPOINT_NAME
+
+    trainer.save_checkpoint(run_dir / f"checkpoint-{step}", extra_state=extra_state)
+    folders = list(run_dir.glob("checkpoint-*"))
+    done = sorted((p for p in folders if CHECKPOINT_NAME.fullmatch(p.name)), key=lambda p: int(p.name.split("-")[-1]))
+    for old in done[:-KEEP_CHECKPOINTS] + [p for p in folders if not CHECKPOINT_NAME.fullmatch(p.name)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The collector: how one step's batch is made
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Collected:
+    """One step's batch: what the update needs and what the step logs."""
+
+    trajectories: list  # every episode of the step, in the order of the advantages' rows
+    advantages: object  # helpers.grpo.Advantages, (B, G): one row per group
+    metrics: dict  # the batch's metrics under TRL's names (reward, success, tool calls, ...)
+    t_reward: float = 0.0  # seconds spent scoring (the rest of collecting is rollout)
+
+
+class GroupCollector:
+    """The default collector: each step B tasks from the training split, G episodes of each, and
+    GRPO's group advantages (every group is its own baseline).
+
+    A collector is made once per run with ``(config, policy, make_env, reward)`` and called once
+    per step; ``state_dict`` is saved with every checkpoint so that a resumed run draws the same
+    tasks; ``summary(history)`` adds fields to summary.json; ``panels`` and ``line_fields`` (None:
+    ``helpers.live``'s) say what the live curves draw.
+    """
+
+    panels = None
+    line_fields = None
+
+    def __init__(self, config: TrainConfig, policy, make_env: Callable, reward: Callable):
+        from helpers.data import TaskSampler, load_dataset
+
+        self.config, self.policy, self.make_env, self.reward = config, policy, make_env, reward
+        train_tasks = load_dataset(config.dataset, "train", config.max_train_tasks, seed=config.seed)
+        self.sampler = TaskSampler(train_tasks, config.tasks_per_step, seed=config.seed)
+
+    def __call__(self, step: int) -> Collected:
+        from helpers.evaluation import episode_stats
+        from helpers.grpo import group_advantages, group_rewards
+        from helpers.policy import SamplingParams
+        from helpers.rewards import reward_report, score_trajectories
+        from helpers.rollout import rollout
+
+        c = self.config
+        tasks = self.sampler.next_batch()
+        sampling = SamplingParams(c.max_new_tokens, c.temperature, c.top_p, seed=step_seed(c.seed, step))
+        trajs = rollout(tasks, self.make_env, self.policy, group_size=c.num_generations, sampling=sampling, progress=False,
+                        max_steps=c.env_max_steps, max_total_tokens=c.max_total_tokens)
+        t0 = time.perf_counter()
+        score_trajectories(trajs, self.reward)
+        advantages = group_advantages(group_rewards(trajs), c.scale_rewards)  # (B, G): the group is its own baseline
+        metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s}
+        return Collected(trajs, advantages, metrics, time.perf_counter() - t0)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+    def summary(self, history: list[dict]) -> dict:
+        return {}
+
+
+COLLECTORS: dict[str, Callable] = {"groups": GroupCollector}  # config.collect -> collector class; worlds add theirs
+
+
+def register_collector(name: str):
+    """Decorator: ``@register_collector("selfplay")`` on a collector class (``GroupCollector``'s interface)."""
+
+    def add(cls):
+        if name in COLLECTORS and COLLECTORS[name] is not cls:
+            raise ValueError(f"collector {name!r} is already registered (by {COLLECTORS[name].__qualname__})")
+        COLLECTORS[name] = cls
+        return cls
+
+    return add
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    config: TrainConfig
+    before: dict  # held-out evaluation before training (step 0)
+    after: dict  # held-out evaluation after the last step
+    history: list[dict]  # metrics of every step (step 0: the evaluation before training)
+    warnings: list[str] = field(default_factory=list)  # health warnings, "step N: message"
+    wall_s: float = 0.0  # wall-clock seconds of this call (a resumed run: since the resume)
+    cpu_s: float = 0.0  # CPU seconds of this process, all threads (on a shared machine, wall time lies)
+
+    def line(self) -> str:
+        """The before -> after line every run ends with."""
+        b, a = self.before, self.after
+        text = (f"before -> after (held-out, n={a.get('n')}): greedy success {b['success']:.3f} -> {a['success']:.3f} | "
+                f"tool calls {b['tool_calls']:.2f} -> {a['tool_calls']:.2f} | turns {b['turns']:.2f} -> {a['turns']:.2f}")
+        for key in a:
+            if key.startswith("pass@") and key in b:
+                text += f" | {key} {b[key]:.3f} -> {a[key]:.3f}"
+        return text + f" | {self.wall_s:.0f} s wall, {self.cpu_s:.0f} s CPU"
+
+
+def train(config: TrainConfig, preset_name: str | None = None, live=None) -> RunResult:
+    """Run GRPO as ``config`` says; return before/after evaluation, the metric history and the run folder.
+
+    live: a ``helpers.live.LiveCurves`` (or anything with ``update(step, metrics)``, ``record(step,
+          metrics)`` and ``save(path)``); None makes one that picks notebook curves or console lines.
+
+    Taught in notebooks/06_training_loop.ipynb §2.
+    """
+    import torch
+
+    from helpers.data import load_dataset, write_jsonl
+    from helpers.evaluation import evaluate, save_records
+    from helpers.grpo import LoRAGRPO, collate, latest_checkpoint
+    from helpers.health import HEALTH_KINDS, check_health
+    from helpers.live import LiveCurves, Reporters
+    from helpers.policy import load_model, make_policy, resolve_device
+    from helpers.rewards import combine
+    from helpers.rollout import save_trajectories
+
+    if config.collect not in COLLECTORS:
+        raise KeyError(f"unknown collector {config.collect!r} (config.collect); registered: {sorted(COLLECTORS)}")
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
+    run_dir = run_dir_for(config, preset_name)
+    checkpoint = latest_checkpoint(run_dir) if config.resume and run_dir.exists() else None
+    if config.resume and checkpoint is None:
+        print(f"resume: no checkpoint in {run_dir}, starting from scratch")
+    if checkpoint is None:
+        clear_run_dir(run_dir)
+    (run_dir / TRAJECTORY_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"preset": preset_name, **asdict(config)}, indent=2))
+    seed_everything(config.seed)
+
+    # Data, environment, reward, model + LoRA trainer, rollout policy, and the world's collector.
+    eval_tasks = load_dataset(config.dataset, "test", config.eval_tasks, seed=EVAL_SEED)
+    make_env = env_factory(config)
+    model, tokenizer = load_model(config)
+    trainer = LoRAGRPO(model, config)
+    policy = make_policy(config, trainer.model, tokenizer)
+    collect = COLLECTORS[config.collect](config, policy, make_env, combine(config.rewards))
+    limits = dict(max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens)
+    if live is None:
+        drawn = {k: v for k, v in (("panels", collect.panels), ("line_fields", collect.line_fields)) if v is not None}
+        live = LiveCurves(run_dir, total_steps=config.steps, **drawn)
+    reporters = Reporters(config.report_to, run_dir, config)
+
+    def run_eval(step: int) -> dict:
+        # Every evaluation: greedy, plus sampled episodes for the sampled success rate (pass@1): k per
+        # task before and after (pass@k too), one per task in between (the curve, at a k-th of the cost).
+        t0 = time.perf_counter()
+        k = config.pass_k if step in (0, config.steps) else min(config.pass_k, 1)
+        result = evaluate(policy, eval_tasks, make_env, k=k, temperature=config.temperature,
+                          max_new_tokens=config.max_new_tokens, seed=config.seed, **limits)
+        save_records(run_dir / EVAL_DIR / f"step-{step:04d}.jsonl", result.records)
+        save_trajectories(run_dir / EVAL_DIR / f"step-{step:04d}.trajectories.jsonl", result.trajectories)
+        return {**{f"eval/{key}": value for key, value in result.metrics.items()}, "t_eval": time.perf_counter() - t0}
+
+    def log(metrics: dict) -> None:
+        history.append(metrics)
+        write_jsonl(run_dir / "metrics.jsonl", [metrics], mode="a")
+        reporters.log({key: value for key, value in metrics.items() if value is not None})
+        live.update(metrics["step"], metrics)
+
+    history: list[dict] = []
+    warned: list[str] = []
+    if checkpoint is not None:  # continue a killed run exactly where its last checkpoint left it
+        extra = trainer.load_checkpoint(checkpoint)
+        collect.load_state_dict(extra["collector"])
+        history, warned = extra["history"], extra["warnings"]
+        write_jsonl(run_dir / "metrics.jsonl", history)  # drop lines of steps after the checkpoint
+        for metrics in history:
+            live.record(metrics["step"], metrics)
+        print(f"resumed from {checkpoint.relative_to(run_dir.parent)} at step {trainer.step}")
+    else:
+        log({"step": 0, **run_eval(0)})
+
+    for step in range(trainer.step + 1, config.steps + 1):
+        seed_everything(step_seed(config.seed, step))
+        t0 = time.perf_counter()
+        batch_of_step = collect(step)  # Dataset -> Env + Rollout -> Reward -> advantages
+        t1 = time.perf_counter()
+        policy.sleep()  # vLLM frees the accelerator for the update (a no-op for the transformers backend)
+        batch = collate(batch_of_step.trajectories, batch_of_step.advantages, config.skip_zero_spread, config.mask_truncated_completions)
+        stats = trainer.update(batch)
+        if "kl" not in stats and config.log_kl:
+            stats["kl"] = trainer.sampled_kl(batch)
+        policy.sync(trainer.model)  # sample from the updated adapter from now on
+        t2 = time.perf_counter()
+
+        metrics = {"step": step, **batch_of_step.metrics, **stats, "t_rollout": t1 - t0 - batch_of_step.t_reward,
+                   "t_reward": batch_of_step.t_reward, "t_update": t2 - t1}
+        if config.log_trajectories_every > 0 and step % config.log_trajectories_every == 0:
+            save_trajectories(run_dir / TRAJECTORY_DIR / f"step-{step:04d}.jsonl", batch_of_step.trajectories)
+        if step == config.steps or (config.eval_every > 0 and step % config.eval_every == 0):
+            metrics.update(run_eval(step))
+        found = check_health(history + [metrics])
+        metrics.update({f"warn/{kind}": (history[-1] if history else {}).get(f"warn/{kind}", 0) + sum(k == kind for k, _ in found)
+                        for kind in HEALTH_KINDS})
+        for _, message in found:
+            warned.append(f"step {step}: {message}")
+            print(f"WARNING step {step}: {message}", flush=True)
+        log(metrics)
+        if (config.save_every > 0 and step % config.save_every == 0) or step == config.steps:
+            save_checkpoint(trainer, run_dir, step, {"collector": collect.state_dict(), "history": history, "warnings": warned})
+
+    before = {key[len("eval/"):]: value for key, value in history[0].items() if key.startswith("eval/")}
+    after = {key[len("eval/"):]: value for key, value in history[-1].items() if key.startswith("eval/")}
+    result = RunResult(run_dir, config, before, after, history, warned,
+                       time.perf_counter() - t_start, time.process_time() - cpu_start)
+    live.save(run_dir / "curves.png")  # in the run folder, whatever folder the live object was made with
+    reporters.close()
+    extra_summary = collect.summary(history)
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"preset": preset_name, "before": before, "after": after, **extra_summary, "wall_s": result.wall_s,
+         "cpu_s": result.cpu_s, "warnings": warned, "torch_threads": torch.get_num_threads()}, indent=2, default=str))
+    print(result.line(), flush=True)
+    if extra_summary:
+        print(json.dumps(extra_summary, default=str), flush=True)
+    return result

@@ -1,0 +1,17 @@
+"""The worlds (世界): each a folder holding its tasks, its environment, its presets and its warm start.
+
+    import helpers.worlds              # registers every built-in world's datasets, envs, presets and collectors
+
+    arithmetic/   the one-call world: copy the question into the calculator (tiny-cpu)
+    shop/         the multi-step shop world: usual() -> lookup(item) -> calculator(...) (tiny-agent)
+    selfplay/     one policy proposes tasks and solves them (tiny-selfplay, tiny-selfplay-fixed)
+    gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb, gsm8k-24gb-tools, gsm8k-t4, and CPU smoke presets)
+    tinymodel.py  the tiny-model toolkit the tiny worlds share: chat template, tokenizer, model shape, save/load
+
+A world plugs into the lower layers through their registries only (``register_dataset``,
+``register_env``, ``register_preset``, ``register_collector``), so the loop, the rollout and the
+trainer never import a world; the commands (``helpers.train``, ``helpers.evaluate``) import this
+package to have them all.
+"""
+
+from helpers.worlds import arithmetic, gsm8k, selfplay, shop  # noqa: F401

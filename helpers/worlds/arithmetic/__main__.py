@@ -1,0 +1,3 @@
+from helpers.worlds.arithmetic.build import main
+
+main()

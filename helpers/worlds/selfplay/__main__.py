@@ -1,0 +1,3 @@
+from helpers.worlds.selfplay.build import main
+
+main()

@@ -1,0 +1,3 @@
+from helpers.worlds.shop.build import main
+
+main()
