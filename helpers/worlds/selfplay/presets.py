@@ -19,9 +19,8 @@ def tiny_selfplay():
         proposer_groups=2,
         invalid_reward=-0.5,
         proposer_temperature=1.0,
-        # The proposer's 16 replies of ~15 tokens are a few % of a batch's tokens (dapo averages over tokens), so
-        # at weight 1 its signal hardly moved it (an earlier warm start at lr 5e-3: difficulty 4.36 -> 4.32, seed 1);
-        # x10 at lr 1e-3 gives it about the step of lr 1e-2 while the solver, which shares the adapter, moves at 1e-3.
+        # The proposer's 16 replies of ~15 tokens are a few % of a batch's tokens (dapo averages over tokens): x10 at
+        # lr 1e-3 gives it about the step of lr 1e-2, while the solver, which shares the adapter, moves at 1e-3 (LOG.md).
         proposer_weight=10.0,
     )
 
@@ -35,9 +34,7 @@ def tiny_selfplay_fixed() -> TrainConfig:
         device="cpu",
         dataset="selfplay",  # test: the fixed held-out set; train: 2,000 tasks (the fixed run only)
         env="calculator",
-        # Small steps anchored to the warm start: at tiny-cpu's 5e-3 and beta 0 (proposer weight 4), self-play's
-        # greedy held-out success fell as it trained (0.797 -> 0.676 in 100 steps, seed 1; sampled 0.586 -> 0.625).
-        lr=1e-3,
+        lr=1e-3,  # small steps anchored to the warm start: at tiny-cpu's 5e-3 greedy held-out success fell (LOG.md)
         beta=0.1,  # KL to the warm start in the loss (one more no-grad forward, the adapter switched off)
         lora_r=8,
         lora_alpha=16,
@@ -47,7 +44,7 @@ def tiny_selfplay_fixed() -> TrainConfig:
         max_new_tokens=48,
         max_total_tokens=192,
         eval_every=10,
-        eval_tasks=256,  # one task = 0.004 of the success rate (at 64 tasks one task was 0.016: noise decided "does not fall")
+        eval_tasks=256,  # one task = 0.004 of the success rate
         pass_k=1,  # besides greedy success, the sampled one at the training temperature (pass@1), one episode per task
         save_every=10,
         log_trajectories_every=10,
