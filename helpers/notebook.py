@@ -1,4 +1,4 @@
-"""The opening every notebook shares: the SMOKE switch, library versions, device check.
+"""The opening every notebook shares: the SMOKE switch, library versions, device check, and the worlds.
 
     from helpers.notebook import SMOKE, show_versions, device_check
     show_versions()
@@ -7,6 +7,9 @@
 ``SMOKE`` is True when the environment variable ``WORKBOOK_SMOKE=1`` is set (CI sets
 it): notebooks then use fewer steps and samples so that they finish in a minute or
 two on a 2-core CPU. Without it they run the full CPU version whose outputs are saved.
+
+Importing this module imports ``helpers.worlds``, so every notebook can name any built-in
+world's presets, datasets and envs (``get_preset("tiny-agent")``, ``load_dataset("tiny", ...)``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+
+import helpers.worlds  # noqa: F401  (registers the built-in worlds' datasets, envs, presets and collectors)
 
 SMOKE: bool = os.environ.get("WORKBOOK_SMOKE", "0") == "1"
 
