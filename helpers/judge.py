@@ -17,8 +17,11 @@ consistently than absolute ones, and GRPO only uses differences within a group a
 Simplifications, named:
 
 * A reply without a score is a *parse failure*: the reward is 0.0, the reply is kept
-  in ``judge.failures``, and training goes on. A timeout or HTTP error is handled the
-  same way (``judge.failures`` says which).
+  in ``judge.failures``, and training goes on. A timeout, an HTTP error or a reply of a
+  shape we cannot read (``reply_from_json``) is handled the same way (``judge.failures``
+  says which): a judge reply never raises out of the reward.
+* Reading a score is linear in the reply's length (``parse_score``), so a judge that
+  rambles, or echoes a policy's padding back, costs time in proportion, never more.
 * The cache is in memory and keyed by a hash of (rubric, prompt, completion): the
   same trajectory is never judged twice in one run, but nothing persists across runs.
 * No retries and no rate limiting; ``prepare`` judges a batch with a small thread pool.
@@ -38,6 +41,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from helpers.rewards import describe_error
 from helpers.rollout import Trajectory
 
 PROCESS_RUBRIC = (
@@ -86,8 +90,38 @@ class OpenAIBackend:
             if isinstance(e.reason, TimeoutError):
                 raise TimeoutError(f"judge endpoint {self.url} did not answer in {self.timeout}s") from None
             raise
-        usage = data.get("usage") or {}
-        return JudgeReply(data["choices"][0]["message"]["content"] or "", usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+        return reply_from_json(data)
+
+
+def token_count(value) -> int:
+    """A token count from an endpoint's ``usage``: a non-negative int, or the digits of one
+    in a string (some servers send ``"12"``); anything else (null, a float, junk) is 0."""
+    if isinstance(value, str) and value.isdigit() and len(value) < 16:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def reply_from_json(data) -> JudgeReply:
+    """The reply text and token counts in an OpenAI-style chat response, whatever JSON came back.
+
+    The text is ``choices[0].message.content``: a string, null (an empty reply), or a list of
+    content parts (``[{"type": "text", "text": ...}]``, as newer APIs send), whose texts are
+    joined. Any other shape raises ``ValueError``, which the judge counts as a failed call
+    (reward 0). Token counts go through ``token_count``: accounting never fails a reply.
+    """
+    try:
+        content = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"judge reply has no choices[0].message.content: {json.dumps(data)[:200]}") from None
+    if isinstance(content, list):
+        content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ValueError(f"judge reply content is {type(content).__name__}, not text: {json.dumps(content)[:200]}")
+    usage = data.get("usage") if isinstance(data, dict) else None
+    usage = usage if isinstance(usage, dict) else {}
+    return JudgeReply(content, token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")))
 
 
 class TransformersBackend:
@@ -123,10 +157,12 @@ class TransformersBackend:
 # 2. Reading a score out of free text
 # ----------------------------------------------------------------------------------------------
 
-_NUM = r"(-?\d+(?:\.\d+)?)"
+# A number starts only where no digit or dot stands before it: without that look-behind, a
+# run of n digits gives n starting points, each scanned to the end of the run (quadratic).
+_NUM = r"(?<![\d.])(-?\d+(?:\.\d+)?)"
 _SCORE_PATTERNS = [
-    re.compile(r"score\s*(?:is|of|=|:)?\s*\**\s*" + _NUM, re.I),  # "Score: 7", "score of 7", "**Score:** 7"
-    re.compile(_NUM + r"\s*(?:/|out of)\s*10\b", re.I),  # "7/10", "7 out of 10"
+    re.compile(r"score ?(?:is|of|=|:)? ?\** ?" + _NUM, re.I),  # "Score: 7", "score of 7", "**Score:** 7"
+    re.compile(_NUM + r" ?(?:/|out of) ?10\b", re.I),  # "7/10", "7 out of 10"
 ]
 
 
@@ -137,16 +173,32 @@ def parse_score(reply: str, low: float = 1, high: float = 10) -> float | None:
     reply that is a single number. Anything else (prose with stray numbers, junk
     from a tiny model) is a parse failure: guessing a score from "step 3 of 5" would
     feed noise into training.
+
+    Linear in ``len(reply)``: every run of whitespace becomes one space first, so the
+    patterns hold no ``\\s*`` runs that could split a long gap in many ways (the
+    patterns of ``\\s*`` around an optional word were cubic: 4 s for "score" and
+    800 spaces), and a number only starts at its first digit.
     """
+    reply = " ".join(reply.split())
     for pattern in _SCORE_PATTERNS:
         found = pattern.findall(reply)
         if found:
             value = float(found[-1])
             return value if low <= value <= high else None
-    bare = re.fullmatch(r"\s*" + _NUM + r"\s*\.?\s*", reply)
+    bare = re.fullmatch(_NUM + r" ?\.?", reply)
     if bare and low <= float(bare.group(1)) <= high:
         return float(bare.group(1))
     return None
+
+
+def parse_sample_scores(reply: str) -> dict[int, float]:
+    """The ``Sample i: N`` lines of a group judge's reply as ``{i: N}`` (linear, as ``parse_score``).
+
+    A sample number has at most 4 digits: a longer one is no sample of ours, and ``int()``
+    of over 4,300 digits raises.
+    """
+    reply = " ".join(reply.split())
+    return {int(i): float(score) for i, score in re.findall(r"sample ?(\d{1,4}) ?[:=\-] ?" + _NUM, reply, re.I)}
 
 
 def parse_verdict(reply: str) -> bool | None:
@@ -225,22 +277,28 @@ class JudgeReward:
 
     # -- calling ---------------------------------------------------------------------------
     def _ask(self, messages: list[dict], traj: Trajectory) -> JudgeReply | None:
-        """One judge call with cost accounting; None (and a recorded failure) on timeout or error."""
+        """One judge call with cost accounting; None (and a recorded failure) on timeout or error.
+
+        A backend is any callable: what it returns is checked here (text a string, token
+        counts through ``token_count``), so a custom backend's odd reply is one more failure.
+        """
         start = time.perf_counter()
         try:
             reply = self.backend(messages)
+            if not isinstance(reply, JudgeReply) or not isinstance(reply.text, str):
+                raise TypeError(f"the judge backend returned {type(reply).__name__}, not a JudgeReply with text")
         except Exception as e:  # a judge outage must not stop training
             with self._lock:
                 self.stats.calls += 1
                 self.stats.errors += 1
                 self.stats.seconds += time.perf_counter() - start
-                self.failures.append({"task_id": traj.task_id, "group": traj.group, "kind": type(e).__name__, "reply": str(e)})
+                self.failures.append({"task_id": traj.task_id, "group": traj.group, "kind": type(e).__name__, "reply": describe_error(e)})
             return None
         with self._lock:
             self.stats.calls += 1
             self.stats.seconds += time.perf_counter() - start
-            self.stats.prompt_tokens += reply.prompt_tokens
-            self.stats.completion_tokens += reply.completion_tokens
+            self.stats.prompt_tokens += token_count(reply.prompt_tokens)
+            self.stats.completion_tokens += token_count(reply.completion_tokens)
         return reply
 
     def _to_reward(self, reply: str) -> float | None:
@@ -321,7 +379,7 @@ class GroupJudge(JudgeReward):
         reply = self._ask(self.group_messages(group), group[0])
         if reply is None:
             return
-        scores = {int(i): float(s) for i, s in re.findall(r"sample\s*(\d+)\s*[:=\-]\s*" + _NUM, reply.text, re.I)}
+        scores = parse_sample_scores(reply.text)
         for i, traj in enumerate(group):
             score = scores.get(i + 1)
             ok = score is not None and 1 <= score <= 10

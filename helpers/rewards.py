@@ -21,10 +21,11 @@ Simplifications, named:
 
 * A combined reward stores every part *unweighted* in ``traj.reward_parts`` (as TRL
   logs ``rewards/<name>/mean``) and the weighted sum in ``traj.reward``.
-* A part that raises, or returns anything but a finite number (a string, a bool, NaN,
-  inf), is worth 0 for that trajectory; so is a weighted sum that overflows. The error
-  is written to ``traj.info["reward_errors"]`` and counted, so one bad row never stops
-  training and never turns its group's advantages into NaN.
+* A part that raises (anything but Ctrl-C, even an exception that cannot print its
+  message), returns anything but a finite number (a string, a bool, NaN, inf), or
+  changes the trajectory it reads, is worth 0 for that trajectory; so is a weighted sum
+  that overflows. The error is written to ``traj.info["reward_errors"]`` and counted,
+  so one bad row never stops training and never turns its group's advantages into NaN.
 * Outcome checking is the env's own (``helpers.formats.judge_answer``): the reward
   never disagrees with the env about what counts as correct.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import pickle
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -219,21 +221,46 @@ def get_reward(name_or_fn) -> RewardFn:
 
 
 def safe_call(fn: RewardFn, name: str, traj: Trajectory) -> tuple[dict[str, float], str | None]:
-    """Run one reward on one trajectory: its parts as ``{name: value}`` and the error, if any. Never raises.
+    """Run one reward on one trajectory: its parts as ``{name: value}`` and the error, if any.
+    Never raises, but on Ctrl-C (``KeyboardInterrupt`` must still stop a run).
 
-    A dict-valued reward gives ``{"name/key": value, ...}``. An exception (or a value that
-    is not a finite number) gives ``{name: 0.0}``; the error is returned and recorded in
+    A dict-valued reward gives ``{"name/key": value, ...}``. An exception of any kind (a
+    ``SystemExit`` too), a value that is not a finite number, or a change to the trajectory
+    gives ``{name: 0.0}``; the error is returned and recorded in
     ``traj.info["reward_errors"][name]`` (a later successful call clears it).
+
+    A reward reads the trajectory; one that writes to it (a message, ``info["verdict"]``)
+    would change what every later part reads. We compare the trajectory's pickled bytes
+    before and after the call (0.2 ms for 4,096 tokens) and put it back as it was.
+    Simplification, named: a trajectory that pickle cannot copy (it holds a lock, a
+    generator) is not checked.
     """
     errors = (traj.info or {}).get("reward_errors", {})
     errors.pop(name, None)
+    before = _pickled(traj)
+    error, parts = None, {}
     try:
         value = fn(traj)
         values = value if isinstance(value, dict) else {None: value}
         parts = {name if key is None else f"{name}/{key}": as_number(v) for key, v in values.items()}
-        return parts, None
-    except Exception as e:
-        return {name: 0.0}, record_error(traj, name, e)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # whatever a user's reward raises is that part's error, not the run's
+        error = e
+    if before is not None and _pickled(traj) != before:
+        vars(traj).update(vars(pickle.loads(before)))  # as it was before the call, for the next part
+        error = error or RuntimeError(f"the reward {name!r} changed the trajectory it was given (a reward may only read it)")
+    if error is not None:
+        return {name: 0.0}, record_error(traj, name, error)
+    return parts, None
+
+
+def _pickled(traj: Trajectory) -> bytes | None:
+    """The trajectory as bytes, to see whether a reward changed it; None when pickle cannot copy it."""
+    try:
+        return pickle.dumps(traj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
 
 
 def as_number(value) -> float:
@@ -248,10 +275,20 @@ def as_number(value) -> float:
     return number
 
 
-def record_error(traj: Trajectory, name: str, error: Exception) -> str:
+def describe_error(error: BaseException, limit: int = 300) -> str:
+    """``"TypeName: message"``, at most ``limit`` characters, for any exception: one whose
+    ``__str__`` raises (or returns no string) reads ``TypeName: <message cannot be printed>``."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "<message cannot be printed>"
+    return (f"{type(error).__name__}: {text}" if text else type(error).__name__)[:limit]
+
+
+def record_error(traj: Trajectory, name: str, error: BaseException) -> str:
     """Write a reward error into ``traj.info["reward_errors"][name]``; return its one-line message."""
     last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
-    message = f"{type(error).__name__}: {error}" + (f" (in {last.name}, line {last.lineno})" if last else "")
+    message = describe_error(error) + (f" (in {last.name}, line {last.lineno})" if last else "")
     traj.info = dict(traj.info or {})
     traj.info.setdefault("reward_errors", {})[name] = message
     return message
@@ -290,9 +327,16 @@ class CombinedReward:
         return total
 
     def prepare(self, trajs: list[Trajectory]) -> None:
-        for fn, _ in self.parts.values():
-            if hasattr(fn, "prepare"):
-                fn.prepare(trajs)
+        """Give each batch-aware part the batch first. One that raises is counted in ``errors``
+        and skipped: each trajectory is then scored by the part alone, which records its own errors."""
+        for name, (fn, _) in self.parts.items():
+            try:
+                if hasattr(fn, "prepare"):
+                    fn.prepare(trajs)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                self.errors[name] += 1
 
     @property
     def weights(self) -> dict[str, float]:

@@ -14,6 +14,7 @@ from helpers.judge import (
     JudgeReward,
     OpenAIBackend,
     TransformersBackend,
+    parse_sample_scores,
     parse_score,
     parse_verdict,
 )
@@ -39,7 +40,9 @@ def test_parse_verdict():
 
 
 class FakeEndpoint:
-    """``POST /v1/chat/completions`` on 127.0.0.1 answering with ``reply_fn(prompt_text)``; counts requests."""
+    """``POST /v1/chat/completions`` on 127.0.0.1 answering with ``reply_fn(prompt_text)``; counts requests.
+
+    A reply that is not a string is sent as the whole JSON body (for replies of odd shapes)."""
 
     def __init__(self, reply_fn, delay: float = 0.0):
         endpoint = self
@@ -51,8 +54,8 @@ class FakeEndpoint:
                 endpoint.requests.append(body)
                 time.sleep(delay)
                 text = reply_fn(body["messages"][-1]["content"])
-                out = {"choices": [{"message": {"role": "assistant", "content": text}}],
-                       "usage": {"prompt_tokens": 100, "completion_tokens": 5}}
+                out = text if not isinstance(text, str) else {  # not a string: the whole JSON body, as given
+                    "choices": [{"message": {"role": "assistant", "content": text}}], "usage": {"prompt_tokens": 100, "completion_tokens": 5}}
                 data = json.dumps(out).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -183,3 +186,71 @@ def test_tiny_model_as_local_judge_exercises_parse_failures():
     else:
         assert value == pytest.approx((parse_score(said) - 1) / 9) and judge.stats.parse_failures == 0
     assert judge.stats.calls == 1 and judge.stats.completion_tokens > 0
+
+
+# --- replies of any shape and length: a counted failure, never an exception ---------------------------
+
+
+def chat_body(content, usage=None):
+    return {"choices": [{"message": {"role": "assistant", "content": content}}], "usage": usage}
+
+
+@pytest.mark.parametrize("body, reward, tokens", [
+    (chat_body([{"type": "text", "text": "Score: "}, {"type": "text", "text": "10"}]), 1.0, (0, 0)),  # content parts: read
+    (chat_body("Score: 10", {"prompt_tokens": "100", "completion_tokens": "5"}), 1.0, (100, 5)),  # counts as strings
+    (chat_body("Score: 10", {"prompt_tokens": "many", "completion_tokens": -3}), 1.0, (0, 0)),  # junk counts: 0
+    (chat_body("Score: 10", "usage"), 1.0, (0, 0)),
+    (chat_body(None), None, (0, 0)),  # an empty reply: a parse failure
+    (chat_body(7), "error", (0, 0)),  # content an int
+    (chat_body({"text": "Score: 10"}), "error", (0, 0)),
+    ({"choices": []}, "error", (0, 0)),
+    ({"choices": "Score: 10"}, "error", (0, 0)),
+    (["Score: 10"], "error", (0, 0)),
+    (None, "error", (0, 0)),
+    ("Score: 10", 1.0, (100, 5)),  # the usual reply (a string: FakeEndpoint wraps it)
+])
+def test_a_judge_reply_of_any_shape_is_scored_or_a_counted_failure(endpoint_factory, body, reward, tokens):
+    ep = endpoint_factory(lambda prompt: body)
+    trajs = [make_traj([f"<answer>{n}</answer>"], task_id="a", group=g) for g, n in enumerate(["1000", "1,000"])]  # two judge calls
+    for judge in (JudgeReward(OpenAIBackend(ep.url, model="m")), GroupJudge(OpenAIBackend(ep.url, model="m"))):
+        combined = R.combine({"correct": 1.0, judge: 1.0})
+        scores = R.score_trajectories(trajs, combined)  # never raises
+        if reward == "error":
+            assert scores == [1.0, 1.0] and judge.stats.errors >= 1 and combined.errors == {}
+            assert judge.failures[0]["kind"] == "ValueError" and "judge reply" in judge.failures[0]["reply"]
+        elif reward is None or isinstance(judge, GroupJudge):  # a group judge wants `Sample i: N` lines
+            assert scores == [1.0, 1.0] and judge.stats.parse_failures == 2
+        else:
+            assert scores == [1.0 + reward] * 2 and judge.stats.errors == 0
+        if isinstance(judge, JudgeReward) and not isinstance(judge, GroupJudge):
+            assert (judge.stats.prompt_tokens, judge.stats.completion_tokens) == (2 * tokens[0], 2 * tokens[1])
+
+
+def test_a_backend_returning_anything_is_a_counted_failure():
+    for returned in ["Score: 10", None, JudgeReply(text=7), JudgeReply("Score: 10", prompt_tokens="9", completion_tokens=None)]:
+        judge = JudgeReward(lambda messages: returned)
+        traj = make_traj(["<answer>1000</answer>"])
+        value = judge(traj)
+        if isinstance(returned, JudgeReply) and isinstance(returned.text, str):
+            assert value == 1.0 and judge.stats.prompt_tokens == 9 and judge.stats.completion_tokens == 0
+        else:
+            assert value == 0.0 and judge.stats.errors == 1 and judge.failures[0]["kind"] == "TypeError"
+
+
+@pytest.mark.parametrize("reply", [
+    "score" + " " * 1_000_000 + "x",  # the cubic case: 4 s for 800 spaces before the fix
+    "Score:" + " \t\n" * 300_000 + "**" + "*" * 100_000,
+    "1" * 1_000_000,  # the quadratic case: 15 s for 20,000 digits
+    "9." + "9" * 500_000 + " out of" + " " * 500_000 + "11",
+    "Sample " + "1" * 500_000 + " " * 500_000 + ":",
+    "sample 1" + " " * 1_000_000 + "= x",
+    "PASS " * 200_000,
+], ids=["spaces", "mixed-whitespace", "digits", "decimal", "sample-digits", "sample-spaces", "verdicts"])
+def test_parsing_a_reply_is_linear_in_its_length(reply):
+    start = time.perf_counter()
+    parse_score(reply), parse_sample_scores(reply), parse_verdict(reply)
+    assert time.perf_counter() - start < 2.0  # about 0.1 s each here
+
+
+def test_parse_sample_scores():
+    assert parse_sample_scores("Sample 1: 9\nsample 2 = 4.5\nSample  3 -  7\nSample 99999: 3") == {1: 9.0, 2: 4.5, 3: 7.0}

@@ -174,6 +174,19 @@ def test_reward_that_raises_is_caught_counted_and_reported():
     assert parts == {"nan": 0.0} and "not a finite number" in error
 
 
+def test_an_env_with_get_reward_adds_a_part_named_after_its_class():
+    """As TRL adds an environment's get_reward to reward_funcs: the class's name, weight 1, whatever the preset says."""
+    owned = make_traj(["<answer>1000</answer>"], info={"env_reward": {"Shop": 0.25}})
+    plain = make_traj(["<answer>1000</answer>"])
+    failed = make_traj(["<answer>1000</answer>"], info={"env_reward": {"Shop": None}, "env_reward_error": "TypeError: no number"})
+    reward = R.combine({"correct": 2.0})
+    assert R.score_trajectories([owned, plain, failed], reward) == [2.25, 2.0, 2.0]
+    assert owned.reward_parts == {"correct": 1.0, "Shop": 0.25} and plain.reward_parts == {"correct": 1.0}
+    assert failed.reward_parts == {"correct": 1.0, "Shop": 0.0} and reward.errors["Shop"] == 1  # a failed call: an error scored 0
+    assert "RuntimeError: TypeError: no number" in failed.info["reward_errors"]["Shop"]
+    assert R.reward_report([owned, plain]).metrics()["rewards/Shop/mean"] == pytest.approx(0.125)  # logged under TRL's name
+
+
 def test_config_names_resolve():
     reward = R.as_reward(TrainConfig().rewards)
     assert set(reward.weights) == set(TrainConfig().rewards)
@@ -280,3 +293,88 @@ def test_reward_panel_without_frontend_prints_static_output(monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "reward = 1*correct, 0.5*format" in out and "+0.71" in out
     assert [t.reward for t in trajs] == [1.5, 0.5]
+
+
+# --- every part is total: whatever a reward does, a counted error and 0, never an exception --------
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message for you")
+
+
+def raising(error):
+    def reward(traj):
+        raise error
+    reward.__name__ = f"raises_{type(error).__name__}"
+    return reward
+
+
+@pytest.mark.parametrize("error", [ValueError("bad"), Unprintable(), SystemExit(3), RecursionError(), MemoryError(),
+                                   type("Custom", (BaseException,), {})()], ids=lambda e: type(e).__name__)
+def test_a_reward_that_raises_anything_is_a_counted_error_scored_zero(error):
+    fn = raising(error)
+    trajs = [make_traj(["<answer>1000</answer>"], group=g) for g in range(2)]
+    reward = R.combine({"correct": 1.0, fn: 1.0})
+    assert R.score_trajectories(trajs, reward) == [1.0, 1.0]
+    assert reward.errors[fn.__name__] == 2
+    message = trajs[0].info["reward_errors"][fn.__name__]
+    assert message.startswith(type(error).__name__) and len(message) < 400
+    if isinstance(error, Unprintable):
+        assert message.startswith("Unprintable: <message cannot be printed>")
+    assert to_trl_reward_func(fn)(["q"], ["<answer>1000</answer>"], answer=["1000"]) == [0.0]  # the TRL adapter's path
+
+
+def test_ctrl_c_still_stops_scoring():
+    with pytest.raises(KeyboardInterrupt):
+        R.score_trajectories([make_traj(["x"])], raising(KeyboardInterrupt()))
+
+
+def test_a_reward_that_changes_the_trajectory_is_an_error_and_the_change_is_undone():
+    def cheat(traj):  # tells `correct`, which runs next, that the env judged the answer right
+        traj.info["verdict"], traj.info["correct"] = "correct", True
+        traj.messages[-1]["content"] = "<answer>1000</answer>"
+        return 1.0
+
+    def rewrites_and_raises(traj):
+        traj.messages.append({"role": "assistant", "content": "more"})
+        raise ValueError("oops")
+
+    trajs = [make_traj(["<answer>7</answer>"], info={"verdict": "wrong_number", "correct": False})]
+    reward = R.combine({cheat: 1.0, rewrites_and_raises: 1.0, "correct": 1.0})
+    assert R.score_trajectories(trajs, reward) == [0.0]
+    traj = trajs[0]
+    assert traj.reward_parts == {"cheat": 0.0, "rewrites_and_raises": 0.0, "correct": 0.0}
+    assert "changed the trajectory" in traj.info["reward_errors"]["cheat"]
+    assert traj.info["reward_errors"]["rewrites_and_raises"].startswith("ValueError: oops")
+    assert traj.messages[-1]["content"] == "<answer>7</answer>" and len(traj.messages) == 3 and traj.info["verdict"] == "wrong_number"
+    assert reward.errors == {"cheat": 1, "rewrites_and_raises": 1}
+
+
+def test_a_batch_part_whose_prepare_raises_is_counted_and_scored_alone():
+    class Batchy:
+        name = "batchy"
+
+        def prepare(self, trajs):
+            raise Unprintable()
+
+        def __call__(self, traj):
+            return 0.5
+
+    reward = R.combine({Batchy(): 1.0, "correct": 1.0})
+    assert R.score_trajectories([make_traj(["<answer>1000</answer>"])], reward) == [1.5]
+    assert reward.errors == {"batchy": 1}
+
+
+def test_odd_values_and_unprintable_reprs_are_errors_not_crashes():
+    class Weird:
+        def __float__(self):
+            raise Unprintable()
+
+        def __repr__(self):
+            raise Unprintable()
+
+    traj = make_traj(["<answer>1000</answer>"])
+    for value in [Weird(), {"a": Weird()}, {Weird(): 1.0}, [1.0]]:
+        parts, error = R.safe_call(lambda t: value, "odd", traj)
+        assert parts == {"odd": 0.0} and error
