@@ -7,7 +7,7 @@ imported by the stages):
     formats       the one parser: answer tag, tool calls, numbers, ``judge_answer``
     data          (数据模块)  Task, dataset registry (GSM8K hub / local, tiny worlds), prompts, splits, TaskSampler, JSONL
     tiny          (数据模块)  the tiny one-call world: tasks, tokenizer, model, SFT build
-    envs          (环境模块)  Env contract (template ``step``), registry, check_env, math / tool / code envs
+    envs          (环境模块)  TRL's environment contract, the ``Episode`` adapter (``step``), registry, checkers, math / calculator / code envs
     sandbox       (环境模块)  untrusted code behind an OS boundary
     policy        (采样模块)  model loading and the rollout backends (transformers, vLLM), one interface
     rollout       (采样模块)  Trajectory and the batched multi-turn sampling loop
@@ -20,7 +20,7 @@ imported by the stages):
     memory, pitfalls  GPU memory plan; health checks and the preflight checklist
 
 Data flows one way:
-    Task -> Env.reset -> (policy acts -> Env.step)* -> Trajectory -> reward -> advantages -> GRPO update
+    Task -> env.reset -> (policy acts -> env tools, via Episode.step)* -> Trajectory -> reward -> advantages -> GRPO update
 """
 
 __version__ = "0.1.0"

@@ -28,9 +28,9 @@ class TrainConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # --- data and environment --------------------------------------------------------
     dataset: str = "tiny"  # "tiny" (generated arithmetic), "gsm8k" (hub), "gsm8k-sample" (data/gsm8k_sample.jsonl)
-    env: str = "calculator"  # registry name, see helpers.envs
+    env: str = "calculator"  # registry name (helpers.envs), or "package.module:ClassName": any class on TRL's environment contract
     env_max_steps: int = 4  # assistant turns per episode before truncation
-    env_kwargs: dict[str, float] = field(default_factory=dict)  # more options for the env's constructor (e.g. step_timeout=2.0)
+    env_kwargs: dict[str, float] = field(default_factory=dict)  # more options: the adapter's limits (e.g. step_timeout=2.0), else the env's constructor
     max_train_tasks: int | None = None  # cap on training tasks (None = all)
     collect: str = "groups"  # how a step's batch is made (helpers.loop.COLLECTORS): "groups" = B tasks x G episodes; self-play registers "selfplay"
     # --- rollout ---------------------------------------------------------------------

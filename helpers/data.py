@@ -19,6 +19,7 @@ Simplifications, named:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -47,6 +48,20 @@ class Task:
     prompt: list[dict]
     answer: str | None = None
     metadata: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        """The task as one dataset row: ``{"prompt": ..., "answer": ..., **metadata}``, a deep copy.
+
+        These are the columns TRL passes to an environment's ``reset(**row)``, so an env reads
+        its hidden values (the shop's ``item`` and ``prices``) the same way in TRL and in this
+        workbook's loop (``helpers.envs.Episode``). A metadata key named ``prompt`` or ``answer``
+        would overwrite a column: that is the task's bug, and an error. Taught in
+        notebooks/02_environment.ipynb.
+        """
+        clash = sorted({"prompt", "answer"} & set(self.metadata))
+        if clash:
+            raise ValueError(f"task {self.id!r}: metadata key {clash[0]!r} would overwrite the row's column of that name")
+        return copy.deepcopy({"prompt": self.prompt, "answer": self.answer, **self.metadata})
 
 
 class DatasetError(ValueError):

@@ -25,8 +25,9 @@ Two ways of asking "can it solve this task?":
 ``episode_stats`` is the one statistics function of the workbook: the training loop
 logs it for every sampled batch (``success``, ``tool_calls``, ``turns``,
 ``completions/mean_length``, ``completions/clipped_ratio``) and evaluation logs it
-for the held-out episodes under ``eval/``. ``completions/...`` are TRL's names; TRL
-logs the tool calls per episode of a training batch as ``tools/call_frequency``.
+for the held-out episodes under ``eval/``. ``completions/...`` and ``tools/...`` are TRL's
+names (``tools/call_frequency`` is ``tool_calls`` again, under the name TRL logs it), so the
+curves of a run here and of a TRL run line up.
 
 Simplifications, named: pass@k uses exactly ``n = k`` samples (the estimator is
 unbiased but noisy; more samples per task would lower its variance); the tool calls
@@ -122,6 +123,8 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
 
     success                    fraction judged correct (the env's verdict)
     tool_calls                 tool calls per episode
+    tools/call_frequency       the same, under TRL's name
+    tools/failure_frequency    failed calls / all calls (TRL's name and count: a call that could not be made, raised or hung)
     tool_result_used           fraction whose final answer is one of its tool results (``rewards.tool_use``)
     turns                      assistant turns per episode
     completions/mean_length    policy-generated tokens per episode (TRL's name)
@@ -134,9 +137,13 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
         raise ValueError("episode_stats needs at least one episode")
     n = len(trajs)
     judged = [outcome(t) for t in trajs]
+    calls = sum(t.tool_calls for t in trajs)
+    failures = sum(int((t.info or {}).get("tool_failures", 0)) for t in trajs)
     stats = {
         "success": sum(bool(j.get("correct")) for j in judged) / n,
-        "tool_calls": sum(t.tool_calls for t in trajs) / n,
+        "tool_calls": calls / n,
+        "tools/call_frequency": calls / n,
+        "tools/failure_frequency": failures / calls if calls else 0.0,
         "tool_result_used": sum(tool_use(t) for t in trajs) / n,
         "turns": sum(t.turns for t in trajs) / n,
         "completions/mean_length": sum(t.num_generated for t in trajs) / n,

@@ -71,7 +71,8 @@ EVAL_SEED = 0  # the held-out tasks: the test split drawn with this seed, whatev
 
 
 def env_factory(config: TrainConfig):
-    """A function making one fresh env per episode: the registry name and options in the config."""
+    """A function making one fresh env per episode (an ``Episode``): ``config.env`` (a registry name, or
+    ``"package.module:ClassName"``, any class on TRL's environment contract) and its options."""
     from helpers.envs import make_env
 
     make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message

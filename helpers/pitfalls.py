@@ -45,18 +45,19 @@ def preflight(config: TrainConfig, gpu_gb: float | None = None, trajectories: li
 
     Taught in notebooks/08_pitfalls.ipynb §5.
     """
-    from helpers.envs import ToolEnv, check_env, make_env
+    from helpers.envs import check_env
+    from helpers.loop import env_factory
     from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 
     items = Checklist()
-    env = make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)
+    env = env_factory(config)()  # the Episode the run will drive
     problems = check_env(env, make_tiny_tasks(2, seed=0, split="test"), n_random=n_random)
     items.append(CheckItem("env honours its contract on garbage input", "helpers.envs.check_env", not problems,
-                           problems[0] if problems else f"{type(env).__name__}: no problems"))
+                           problems[0] if problems else f"{env.name}: no problems"))
 
-    timeouts = isinstance(env, ToolEnv) and (env.episode_timeout is None or env.step_timeout is None)
+    timeouts = bool(env.tools) and (env.episode_timeout is None or env.step_timeout is None)
     bounded = config.max_new_tokens <= config.max_total_tokens and not timeouts
-    items.append(CheckItem("every episode is bounded (turns, tokens, time)", "TrainConfig limits, ToolEnv timeouts", bounded,
+    items.append(CheckItem("every episode is bounded (turns, tokens, time)", "TrainConfig limits, Episode timeouts", bounded,
                            f"{config.env_max_steps} turns, {config.max_total_tokens} tokens"
                            + (", a tool env without timeouts" if timeouts else "")))
 

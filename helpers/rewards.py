@@ -28,6 +28,9 @@ Simplifications, named:
   so one bad row never stops training and never turns its group's advantages into NaN.
 * Outcome checking is the env's own (``helpers.formats.judge_answer``): the reward
   never disagrees with the env about what counts as correct.
+* An env that defines ``get_reward()`` (TRL's environment contract) adds its value as one
+  more part named after its class, weight 1, whatever the preset's weights say: TRL does
+  the same, so a run means the same in both.
 """
 
 from __future__ import annotations
@@ -116,6 +119,21 @@ def correct(traj: Trajectory) -> float:
     Taught in notebooks/04_reward.ipynb §2.
     """
     return 1.0 if outcome(traj)["correct"] else 0.0
+
+
+def env_reward(traj: Trajectory) -> float:
+    """The env's own reward: what its ``get_reward()`` returned when the episode ended (TRL's
+    contract; ``helpers.envs.Episode`` records it in ``info["env_reward"]`` as ``{class name: value}``).
+    ``CombinedReward`` adds it by itself, under the class's name, weight 1. Raises when the call
+    failed, so the part scores 0 and the error is counted.
+
+    Gamed by: whatever the env's state can be pushed to without solving the task; the env's
+    author decides what that is.
+    """
+    (value,) = traj.info["env_reward"].values()
+    if value is None:
+        raise RuntimeError(traj.info.get("env_reward_error", "get_reward() failed"))
+    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,7 +317,9 @@ class CombinedReward:
     """A weighted sum of rewards: ``reward = sum_k weight_k * part_k``.
 
     Calling it on a trajectory sets ``traj.reward_parts`` (each part unweighted) and
-    ``traj.reward`` (the weighted sum) and returns the sum. ``errors`` counts, per part,
+    ``traj.reward`` (the weighted sum) and returns the sum. An episode whose env has a
+    ``get_reward()`` gets that value as one more part, named after the env's class, weight 1
+    (``env_reward``), as TRL adds it to ``reward_funcs``. ``errors`` counts, per part,
     how many calls raised. Parts with a ``prepare(trajs)`` method (the judge, which can
     score a whole batch or a whole group at once) get the batch first in
     ``score_trajectories``.
@@ -312,7 +332,10 @@ class CombinedReward:
     def __call__(self, traj: Trajectory) -> float:
         values: dict[str, float] = {}
         total = 0.0
-        for name, (fn, weight) in self.parts.items():
+        parts = dict(self.parts)
+        for name in (traj.info or {}).get("env_reward") or {}:  # the env's get_reward(): one more part, weight 1, as in TRL
+            parts.setdefault(name, (env_reward, 1.0))
+        for name, (fn, weight) in parts.items():
             got, error = safe_call(fn, name, traj)
             if error:
                 self.errors[name] += 1

@@ -1,8 +1,13 @@
 """Rollout module (采样模块): the Trajectory and the loop that produces it.
 
     trajs = rollout(tasks, lambda: make_env("calculator"), policy, group_size=8)
+    trajs = rollout(tasks, ShopEnv, policy, group_size=8)   # an env class on TRL's contract, as GRPOTrainer(environment_factory=ShopEnv)
     trajs[0].token_ids, trajs[0].mask, trajs[0].reward, trajs[0].stop_reason
     trajs.stats.generate_s, trajs.stats.env_s            # where the time went
+
+Each episode is driven through the env's teaching ``step(text)``: the factory returns an
+``helpers.envs.Episode`` (what ``make_env`` gives), or a bare environment object, which is
+wrapped in one with this call's limits.
 
 What one call does, for ``len(tasks) * group_size`` episodes at once:
 
@@ -76,6 +81,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from helpers.data import Task, read_jsonl, write_jsonl
+from helpers.envs import Episode, make_env
 from helpers.formats import parse_tool_calls
 from helpers.policy.base import Generation, Policy, SamplingParams
 
@@ -270,7 +276,8 @@ def rollout(
     """Run ``group_size`` episodes of every task, all in parallel; return their Trajectories.
 
     tasks:            the tasks; trajectories come back task-major: task 0's G samples, then task 1's, ...
-    env_factory:      a function returning a fresh env (one per episode), or a registered env name
+    env_factory:      a function returning a fresh env (one per episode): an ``Episode``, or an object on
+                      TRL's environment contract (an env class itself will do); or a registered env name
     policy:           anything with ``generate(prompts, params)`` and ``tokenizer`` (``HFPolicy``, ``VLLMPolicy``)
     sampling:         temperature, top_p, max_new_tokens per turn; stop tokens default to ``stop_token_ids``
     max_steps:        assistant turns per episode at most (guard; the env may stop earlier)
@@ -282,8 +289,6 @@ def rollout(
     if group_size < 1 or max_steps < 1:
         raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
     if isinstance(env_factory, str):
-        from helpers.envs import make_env
-
         env_name = env_factory
         env_factory = lambda: make_env(env_name)  # noqa: E731
     tokenizer = policy.tokenizer
@@ -315,6 +320,8 @@ def rollout(
         for g in range(group_size):
             t0 = time.perf_counter()
             env = env_factory()
+            if not isinstance(env, Episode):  # a bare environment: the adapter gives it step(text)
+                env = Episode(env, max_steps=max_steps, step_timeout=step_timeout, episode_timeout=episode_timeout)
             messages = list(env.reset(task))
             t1 = time.perf_counter()
             ids = render(tokenizer, messages, env.tools, add_generation_prompt=True)

@@ -1,4 +1,4 @@
-"""The environments: contract (check_env), scripted episodes, limits, registry."""
+"""The environments: TRL's contract (check_env_class), the Episode adapter (check_env), scripted episodes, limits, registry."""
 
 import json
 import os
@@ -13,14 +13,12 @@ from helpers.envs import (
     TRUNCATED,
     CalculatorEnv,
     CodeEnv,
-    Env,
     EnvCheckError,
     EnvError,
+    Episode,
     MathEnv,
-    StepResult,
-    Tool,
     check_env,
-    clip_observation,
+    check_env_class,
     extract_code,
     list_envs,
     load_code_tasks,
@@ -28,6 +26,7 @@ from helpers.envs import (
     parse_test,
     register_env,
     run_tests,
+    tool_schemas,
 )
 from helpers.envs.code_env import CODE_TASKS as CODE_TASKS_PATH
 from helpers.envs.code_env import code_task
@@ -56,26 +55,27 @@ def test_check_env_passes_on_builtin_envs():
     assert check_env(make_env("calculator", max_steps=4), TASKS, n_random=30, solver=calculator_solver) == []
 
 
-class BrokenEnv(Env):
-    """Breaks the contract in three ways check_env must catch."""
+class BrokenEnv:
+    """Breaks the contract in the three ways an env still can behind the adapter; check_env must catch them."""
 
-    def reset(self, task):
-        self.task, self.steps, self.stop_reason = task, 0, None
-        return task.prompt  # no copy
+    def reset(self, **row):
+        return None
 
-    def step(self, action):
-        if "<answer>" not in action:
+    def _judge(self, text):
+        if "<answer>" not in text:
             raise ValueError("cannot parse")  # raises on bad model output
-        self.stop_reason = "done"  # not a STOP_REASON
-        return StepResult([], 1.0, True, False, {"stop_reason": "done"})  # info keys missing
+        return {"stop_reason": "done"}  # not a STOP_REASON
+
+    def get_reward(self):
+        return "high"  # not a number
 
 
 def test_check_env_reports_violations():
-    problems = check_env(BrokenEnv(), TASKS[:1], n_random=3)
+    problems = check_env(BrokenEnv(), TASKS[:1], n_random=3)  # an env object is driven by an Episode
     text = "\n".join(problems)
-    assert "step() raised ValueError" in text
-    assert "not one of" in text and "info is missing keys" in text
-    assert "must raise EnvError" in text
+    assert "step() raised ValueError: cannot parse" in text
+    assert "not one of" in text
+    assert "get_reward failed: TypeError: get_reward() returned str 'high', not a finite number" in text
     with pytest.raises(EnvCheckError, match="BrokenEnv"):
         check_env(BrokenEnv(), TASKS[:1], n_random=1, strict=True)
 
@@ -86,11 +86,11 @@ def test_check_env_catches_a_bad_solver():
 
 
 def test_step_outside_an_episode_raises_env_error():
-    env = MathEnv()
+    env = make_env("math")
     with pytest.raises(EnvError, match="before reset"):
         env.step("<answer>1</answer>")
     env.reset(TASKS[0])
-    env.step("<answer>1</answer>")
+    assert env.step(4042).info["verdict"] == "correct"  # not a string: coerced once, with str()
     with pytest.raises(EnvError, match="after the episode ended"):
         env.step("<answer>1</answer>")
 
@@ -113,7 +113,7 @@ def test_step_outside_an_episode_raises_env_error():
     ],
 )
 def test_math_env_scripted(text, reward, verdict, predicted, strict):
-    env = MathEnv()
+    env = make_env("math")
     messages = env.reset(TASKS[0])
     assert messages == TASKS[0].prompt and messages is not TASKS[0].prompt
     result = env.step(text)
@@ -135,13 +135,16 @@ def test_judge_uses_math_verify_for_non_numeric_answers():
 # --- CalculatorEnv --------------------------------------------------------------------------------
 
 
-def test_calculator_tool_schema():
-    (schema,) = CalculatorEnv.tools
+def test_calculator_tool_schema_is_what_trl_renders():
+    from transformers.utils import get_json_schema
+
+    (schema,) = make_env("calculator").tools
     function = schema["function"]
     assert schema["type"] == "function" and function["name"] == "calculator"
     assert function["parameters"]["properties"]["expression"]["type"] == "string"
     assert function["parameters"]["required"] == ["expression"]
-    assert make_env("calculator").tools == CalculatorEnv.tools
+    assert schema == get_json_schema(CalculatorEnv().calculator) and [schema] == tool_schemas(CalculatorEnv())
+    assert make_env("math").tools is None  # no tools: the chat template lists none
 
 
 def test_calculator_env_correct_episode():
@@ -152,7 +155,8 @@ def test_calculator_env_correct_episode():
     assert (first.reward, first.done, first.info["tool_calls"], first.info["stop_reason"]) == (0.0, False, 1, None)
     final = env.step("<answer>4042</answer>")
     assert (final.reward, final.terminated, final.observation) == (1.0, True, [])
-    assert final.info["verdict"] == "correct" and final.info["tool_calls"] == 1 and final.info["tool_errors"] == 0
+    assert final.info["verdict"] == "correct" and final.info["tool_calls"] == 1
+    assert final.info["tool_errors"] == final.info["tool_failures"] == 0 and "env_reward" not in final.info
 
 
 def test_calculator_env_wrong_and_no_answer():
@@ -174,25 +178,25 @@ def test_two_calls_in_one_turn_give_two_messages():
 
 
 @pytest.mark.parametrize(
-    "call, error",
-    [
-        ("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1+1\"\n</tool_call>", "error: malformed JSON"),
-        ("<tool_call>\n[1, 2]\n</tool_call>", "error: tool call needs"),
-        (format_tool_call("search", {"query": "x"}), "error: unknown tool 'search'; available: calculator"),
-        (format_tool_call("calculator", {}), "error: calculator needs argument 'expression'"),
-        (format_tool_call("calculator", {"expression": "1", "mode": "x"}), "error: calculator got unexpected argument 'mode'"),
-        (format_tool_call("calculator", {"expression": "__import__('os').system('id')"}), "error: function calls are not allowed"),
-        (format_tool_call("calculator", {"expression": "1/0"}), "error: division by zero"),
+    "call, error, failed",
+    [  # failed: TRL counts the call as failed (it could not be made, or raised); a tool's own error text is not
+        ("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1+1\"\n</tool_call>", "error: malformed JSON", 1),
+        ("<tool_call>\n[1, 2]\n</tool_call>", "error: tool call needs", 1),
+        (format_tool_call("search", {"query": "x"}), "error: unknown tool 'search'; available: calculator", 1),
+        (format_tool_call("calculator", {}), "error: calculator: missing a required argument: 'expression'", 1),
+        (format_tool_call("calculator", {"expression": "1", "mode": "x"}), "error: calculator: got an unexpected keyword argument 'mode'", 1),
+        (format_tool_call("calculator", {"expression": "__import__('os').system('id')"}), "error: function calls are not allowed", 0),
+        (format_tool_call("calculator", {"expression": "1/0"}), "error: division by zero", 0),
     ],
 )
-def test_bad_tool_calls_become_error_observations(call, error):
+def test_bad_tool_calls_become_error_observations(call, error, failed):
     env = make_env("calculator")
     env.reset(TASKS[0])
     result = env.step(call)
     assert not result.done
     (message,) = result.observation
     assert message["role"] == "tool" and message["content"].startswith(error), message
-    assert result.info["tool_errors"] == 1 and result.info["tool_calls"] == 1
+    assert result.info["tool_errors"] == 1 and result.info["tool_calls"] == 1 and result.info["tool_failures"] == failed
     final = env.step("<answer>4042</answer>")  # the model can still recover
     assert final.reward == 1.0 and final.info["tool_errors"] == 1
 
@@ -229,8 +233,48 @@ def test_long_tool_output_is_truncated_and_says_so():
     assert content.endswith("[truncated: 373 more characters]")
 
 
-SLOW = Tool("sleep", "Wait this many seconds.", {"seconds": "how long"}, fn=lambda seconds: time.sleep(float(seconds)) or "done")
-register_env("slow_calculator", lambda **kw: CalculatorEnv(extra_tools=[SLOW], **kw))
+class SlowCalculator(CalculatorEnv):
+    """The calculator and one more tool, a subclass's method (as TRL finds tools): one that can hang."""
+
+    def sleep(self, seconds: float) -> str:
+        """Wait this many seconds.
+
+        Args:
+            seconds: how long
+        """
+        time.sleep(float(seconds))
+        return "done"
+
+    def divide(self, a: int, b: int) -> str:
+        """a / b, raising on a zero b.
+
+        Args:
+            a: the dividend
+            b: the divisor
+        """
+        return str(a / b)
+
+
+register_env("slow_calculator", SlowCalculator)
+
+
+def test_tools_are_the_public_methods_in_name_order():
+    env = make_env("slow_calculator")
+    assert [schema["function"]["name"] for schema in env.tools] == ["calculator", "divide", "sleep"]
+    assert list(env.toolbox) == ["calculator", "divide", "sleep"]
+    env.reset(TASKS[0])
+    result = env.step(format_tool_call("unknown", {}))
+    assert result.observation[0]["content"] == "error: unknown tool 'unknown'; available: calculator, divide, sleep"
+
+
+def test_a_tool_that_raises_is_an_error_and_a_failure():
+    env = make_env("slow_calculator")
+    env.reset(TASKS[0])
+    result = env.step(format_tool_call("divide", {"a": 1, "b": 0}) + format_tool_call("divide", {"a": 3, "b": 2}))
+    assert [m["content"] for m in result.observation] == ["error: tool raised ZeroDivisionError: division by zero", "1.5"]
+    assert (result.info["tool_calls"], result.info["tool_errors"], result.info["tool_failures"]) == (2, 1, 1)
+    result = env.step(format_tool_call("divide", {"a": "x", "b": 2}))  # JSON arguments go through as written: a TypeError
+    assert result.observation[0]["content"].startswith("error: tool raised TypeError") and result.info["tool_failures"] == 2
 
 
 def test_a_tool_that_hangs_ends_at_the_step_timeout():
@@ -241,7 +285,7 @@ def test_a_tool_that_hangs_ends_at_the_step_timeout():
     result = env.step(format_tool_call("sleep", {"seconds": "30"}))
     assert time.monotonic() - start < 2.0
     assert (result.truncated, result.terminated, result.info["stop_reason"]) == (True, False, "timeout")
-    assert "did not return" in result.info["limit"] and result.info["tool_errors"] == 1
+    assert "did not return" in result.info["limit"] and result.info["tool_errors"] == result.info["tool_failures"] == 1
     assert check_env(make_env("slow_calculator", step_timeout=0.3), TASKS, n_random=10) == []
 
 
@@ -281,11 +325,24 @@ def test_registry():
     class EchoEnv(MathEnv):
         pass
 
-    assert isinstance(make_env("test_echo"), EchoEnv)
+    env = make_env("test_echo", max_steps=3)
+    assert isinstance(env, Episode) and isinstance(env.env, EchoEnv) and env.max_steps == 3  # the adapter and its limits
     register_env("test_echo", EchoEnv)  # the same definition again (a re-run notebook cell) is fine
     register_env("test_not_an_env", lambda: "oops")
-    with pytest.raises(TypeError, match="not an Env"):
+    with pytest.raises(TypeError, match="str has no reset method"):
         make_env("test_not_an_env")
+    with pytest.raises(ValueError, match="holds no ':'"):
+        register_env("a:b", MathEnv)
+
+
+def test_make_env_takes_any_class_by_module_and_name():
+    env = make_env("helpers.envs.calculator:CalculatorEnv", max_steps=2, step_timeout=1.0)
+    assert isinstance(env.env, CalculatorEnv) and (env.max_steps, env.step_timeout) == (2, 1.0)
+    for spec, why in [("helpers.envs.calculator:NoSuchEnv", "has no class 'NoSuchEnv'"),
+                      ("no_such_module_xyz:Env", "cannot import 'no_such_module_xyz' \\(ModuleNotFoundError"),
+                      (":Env", "expected 'package.module:ClassName'")]:
+        with pytest.raises(ValueError, match=why):
+            make_env(spec)
 
 
 def test_stop_reasons_are_the_documented_ones():
@@ -293,39 +350,120 @@ def test_stop_reasons_are_the_documented_ones():
     assert set(TRUNCATED) <= set(STOP_REASONS) and "answered" not in TRUNCATED and "error" not in TRUNCATED
 
 
-# --- the template step() ----------------------------------------------------------------------------
+# --- TRL's contract: any class, driven by the one adapter ------------------------------------------------
 
 
-class CountdownEnv(Env):
-    """Only _step: the base class's step() does the protocol check, the counting and str(action)."""
+class Notes:
+    """A user's env on TRL's contract: reset(**row) gets every column and adds to the prompt;
+    one tool; a private method (not a tool); get_reward from the env's state."""
 
-    info_defaults = {"seen": []}
+    def __init__(self):
+        self.row, self.notes = None, []
 
-    def __init__(self, max_steps: int = 3):
-        super().__init__(max_steps=max_steps)
+    def reset(self, **row) -> str:
+        self.row, self.notes = row, []
+        return f" (topic: {row['topic']})"
 
-    def _step(self, text):
-        self.info["seen"].append(text)
-        if self.steps >= self.max_steps:
-            return self._end("max_steps")
-        return StepResult([{"role": "user", "content": clip_observation(text * 100, 20)}], 0.0, False, False, dict(self.info))
+    def write(self, text: str) -> str:
+        """Write a note.
+
+        Args:
+            text: what to write
+        """
+        self.notes.append(text)
+        return f"{len(self.notes)} notes"
+
+    def _count(self) -> int:
+        return len(self.notes)
+
+    def get_reward(self) -> float:
+        return self._count() / 2
 
 
-def test_a_subclass_writes_only_step():
-    env = CountdownEnv()
-    with pytest.raises(EnvError, match="before reset"):
-        env.step("x")
-    assert env.reset(TASKS[0]) == TASKS[0].prompt
-    first = env.step(12)  # not a string: coerced once, in Env.step
-    assert env.steps == 1 and first.info["seen"] == ["12"]
-    assert first.observation[0]["content"] == "1212121212121212121212" [:20] + "\n... [truncated: 180 more characters]"
-    env.step("a")
-    assert env.step("b").info["stop_reason"] == "max_steps"
-    with pytest.raises(EnvError, match="after the episode ended"):
-        env.step("c")
-    env.reset(TASKS[0])
-    assert env.info["seen"] == [] and env.steps == 0  # defaults are copied, never shared between episodes
-    assert check_env(CountdownEnv(), TASKS, n_random=5) == []
+def test_a_class_on_trls_contract_runs_in_the_adapter():
+    task = Task("n", [{"role": "system", "content": "S"}, {"role": "user", "content": "Take notes."}], "7", {"topic": "cats"})
+    env = Episode(Notes(), max_steps=3)
+    assert [schema["function"]["name"] for schema in env.tools] == ["write"]  # not reset, get_reward or _count
+    messages = env.reset(task)
+    assert messages[-1]["content"] == "Take notes. (topic: cats)" and task.prompt[-1]["content"] == "Take notes."  # as TRL appends it
+    assert env.env.row == {"prompt": task.prompt, "answer": "7", "topic": "cats"}  # every column, as TRL passes them
+    assert env.step(format_tool_call("write", {"text": "a"})).observation == [{"role": "tool", "content": "1 notes"}]
+    final = env.step("<answer>7</answer>")
+    assert final.info["correct"] and final.info["env_reward"] == {"Notes": 0.5}  # named after the class, as TRL names it
+    assert final.reward == 0.5  # the env owns the episode's reward
+    env.reset(task)
+    cut = env.truncate("max_tokens")  # however the episode ends
+    assert cut.info["env_reward"] == {"Notes": 0.0} and cut.info["verdict"] == "no_answer"
+    assert check_env(Notes(), [task], n_random=5) == []
+
+
+def test_task_row_refuses_a_metadata_key_that_would_overwrite_a_column():
+    assert Task("a", [], "1", {"x": [1]}).row() == {"prompt": [], "answer": "1", "x": [1]}
+    with pytest.raises(ValueError, match="task 'b': metadata key 'answer' would overwrite"):
+        Task("b", [], "1", {"answer": "2"}).row()
+
+
+class NoReset:
+    def lookup(self, item: str) -> str:
+        """Look up.
+
+        Args:
+            item: an item
+        """
+        return item
+
+
+class Unhinted:
+    def reset(self, **row):
+        return None
+
+    def lookup(self, item):
+        """Look up.
+
+        Args:
+            item: an item
+        """
+        return item
+
+
+class Undocumented(Unhinted):
+    def lookup(self, item: str, shelf: int) -> str:
+        """Look up.
+
+        Args:
+            item: an item
+        """
+        return item
+
+
+class WordyReward(Unhinted):
+    lookup = None
+
+    def get_reward(self) -> float:
+        return "high"
+
+
+class NeedsArguments(MathEnv):
+    def __init__(self, size):
+        self.size = size
+
+
+@pytest.mark.parametrize("cls, why", [
+    (NoReset, "NoReset has no reset method; TRL calls reset(**row)"),
+    (Unhinted, "Unhinted: Argument item is missing a type hint in function lookup"),
+    (Undocumented, "Undocumented: Cannot generate JSON schema for lookup because the docstring has no description for the argument 'shelf'"),
+    (WordyReward, "WordyReward.get_reward: TypeError: get_reward() returned str 'high', not a finite number"),
+    (NeedsArguments, "NeedsArguments() raised TypeError: "),
+    ("tests_no_such_module:Shop", "env 'tests_no_such_module:Shop': cannot import"),
+])
+def test_check_env_class_refuses_a_broken_class_in_one_line(cls, why):
+    (problem,) = check_env_class(cls, TASKS[0])
+    assert problem.startswith(why) and "\n" not in problem, problem
+
+
+def test_check_env_class_passes_the_built_in_envs():
+    assert check_env_class(MathEnv, TASKS[0]) == check_env_class("helpers.envs:CalculatorEnv", TASKS[0]) == []
+    assert check_env_class(Notes) == []  # without a task: the class and its tools only
 
 
 def test_answer_envs_start_with_strict_format_false():
@@ -377,8 +515,9 @@ UNSAFE = not os_isolation()  # where bwrap cannot run, the CodeEnv tests run on 
 needs_boundary = pytest.mark.skipif(UNSAFE, reason="no OS boundary (bwrap) here: the tests and task file would be readable")
 
 
-def code_env(**kwargs):
-    return make_env("code", allow_unsafe=UNSAFE, **kwargs)
+def code_env(max_steps=1, **kwargs):
+    """One attempt unless asked (the adapter's default of 10 turns would send feedback after a wrong one)."""
+    return make_env("code", allow_unsafe=UNSAFE, max_steps=max_steps, **kwargs)
 
 
 def test_code_tasks_file_is_sound():
@@ -550,4 +689,4 @@ def test_code_env_without_a_boundary_needs_allow_unsafe(monkeypatch):
     monkeypatch.setattr(sandbox, "_boundary_problem", lambda python: "bwrap is not installed (test)")
     with pytest.raises(SandboxUnavailable, match="allow_unsafe=True"):
         make_env("code")
-    assert isinstance(make_env("code", allow_unsafe=True), CodeEnv)
+    assert isinstance(make_env("code", allow_unsafe=True).env, CodeEnv)

@@ -49,6 +49,17 @@ def test_tool_then_answer_counts_tool_use_and_turns(tokenizer):
     assert result.records[0]["tool_calls"] == 1 and result.records[0]["correct_of_2"] == 2
 
 
+def test_tool_calls_are_logged_under_trls_names_too(tokenizer):
+    """tools/call_frequency: calls per episode; tools/failure_frequency: failed calls / calls (as TRL counts failures)."""
+    unknown = format_tool_call("search", {"query": "47*86"})  # a call that cannot be made: failed
+    zero = format_tool_call("calculator", {"expression": "1/0"})  # the tool's own error text: not failed, in TRL's count
+    result = run(tokenizer, [unknown, zero, "<answer>4042</answer>"], [task(0), task(1)])
+    m = result.metrics
+    assert m["tools/call_frequency"] == m["tool_calls"] == 2.0
+    assert m["tools/failure_frequency"] == 0.5 and result.records[0]["tool_errors"] == 2  # both are errors the model reads
+    assert run(tokenizer, ["<answer>4042</answer>"], [task(0)]).metrics["tools/failure_frequency"] == 0.0  # no calls, no failures
+
+
 def test_half_right_and_the_breakdown_of_failures(tokenizer):
     # The same reply is right for the first task and a wrong number for the second.
     result = run(tokenizer, ["<answer>4042</answer>"], [task(0), task(1, answer="4043")])

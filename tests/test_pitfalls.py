@@ -1,7 +1,7 @@
 """helpers.pitfalls.preflight: each checklist item passes on a good config and fails on the bad one."""
 
 from helpers.config import get_preset
-from helpers.envs import CalculatorEnv, register_env
+from helpers.envs import make_env
 from helpers.formats import format_tool_call
 from helpers.pitfalls import preflight
 from helpers.policy import SamplingParams, ScriptedPolicy
@@ -33,16 +33,15 @@ def test_each_item_fails_on_its_pitfall():
     blind = preflight(get_preset("tiny-cpu", log_kl=False))
     assert verdicts(blind)["helpers.health.check_health"] is False
 
-    register_env("calculator-no-timeouts", lambda max_steps: CalculatorEnv(max_steps=max_steps, episode_timeout=None), overwrite=True)
-    unbounded = preflight(get_preset("tiny-cpu", env="calculator-no-timeouts"))
-    assert verdicts(unbounded)["TrainConfig limits, ToolEnv timeouts"] is False
+    unbounded = preflight(get_preset("tiny-cpu", env_kwargs={"episode_timeout": None}))  # the adapter's limit, switched off
+    assert verdicts(unbounded)["TrainConfig limits, Episode timeouts"] is False
 
 
 def test_learning_signal_item_reads_the_first_batch():
     tokenizer = load_tokenizer()
     tasks = make_tiny_tasks(2, seed=0, split="test")
     looper = ScriptedPolicy(tokenizer, [format_tool_call("calculator", {"expression": "1+1"})])  # never answers
-    trajs = rollout(tasks, lambda: CalculatorEnv(max_steps=2), looper, group_size=2, sampling=SamplingParams(64), progress=False)
+    trajs = rollout(tasks, lambda: make_env("calculator", max_steps=2), looper, group_size=2, sampling=SamplingParams(64), progress=False)
     score_trajectories(trajs, "correct")
     config = get_preset("tiny-cpu")
     assert verdicts(preflight(config, trajectories=trajs))["helpers.rewards.reward_report"] is False

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from helpers.envs import Env, StepResult, make_env, new_info
+from helpers.envs import Episode, MathEnv, StepResult, make_env
 from helpers.formats import format_tool_call
 from helpers.policy import HFPolicy, SamplingParams, ScriptedPolicy
 from helpers.rollout import (
@@ -33,17 +33,17 @@ def tiny():
     return model.float().eval(), tokenizer
 
 
-class NeverDoneEnv(Env):
-    """Answers every turn with the same message and never ends the episode itself."""
+class NeverDoneEnv(Episode):
+    """A step-level double (what rollout drives): answers every turn with the same message and
+    never ends the episode itself, so only the rollout's own limits can end it."""
 
-    name = "never_done"
-
-    def reset(self, task):
-        return self._begin_episode(task)
+    def __init__(self):
+        super().__init__(MathEnv(), max_steps=1000)
 
     def step(self, action):
+        self._check_can_step()
         self.steps += 1
-        return StepResult([{"role": "user", "content": "Go on."}], 0.0, False, False, new_info())
+        return StepResult([{"role": "user", "content": "Go on."}], 0.0, False, False, dict(self.info))
 
 
 class HangingEnv(NeverDoneEnv):

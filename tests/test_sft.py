@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers.envs import CalculatorEnv
+from helpers.envs import make_env
 from helpers.formats import format_tool_call
 from helpers.sft import (
     IGNORE,
@@ -16,7 +16,7 @@ from helpers.sft import (
 from helpers.worlds.arithmetic.tasks import demonstration, make_tiny_tasks
 from helpers.worlds.tinymodel import load_tokenizer, new_model
 
-TOOLS = CalculatorEnv.tools
+TOOLS = make_env("calculator").tools
 
 
 @pytest.fixture(scope="module")

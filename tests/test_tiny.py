@@ -6,7 +6,7 @@ import time
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers.envs import CalculatorEnv
+from helpers.envs import make_env
 from helpers.formats import format_tool_call
 from helpers.paths import TINY_DIR
 from helpers.worlds.arithmetic.tasks import (
@@ -17,7 +17,7 @@ from helpers.worlds.arithmetic.tasks import (
 )
 from helpers.worlds.tinymodel import SPECIAL_TOKENS, load_tiny, train_tokenizer
 
-TOOLS = CalculatorEnv.tools
+TOOLS = make_env("calculator").tools
 
 
 @pytest.fixture(scope="module")

@@ -129,42 +129,61 @@ def test_the_plan_earns_the_reward(task):
     assert check_env(env, make_agent_tasks(4, seed=0, split="test"), solver=solution) == []
 
 
+def test_the_tools_are_in_trls_order(task):
+    """TRL lists an env's tools by name; the prompt says the same in both loops."""
+    env = make_env("shop")
+    assert [schema["function"]["name"] for schema in env.tools] == ["calculator", "lookup", "usual"]
+    tokenizer = load_tokenizer(AGENT_DIR)
+    assert "Tools: calculator(expression), lookup(item), usual()" in tokenizer.apply_chat_template(task.prompt, tools=env.tools, tokenize=False)
+
+
 def test_a_tool_the_env_does_not_offer(task):
-    result = play(ShopEnv(), task, [format_tool_call("search", {"query": "pen price"})])[0]
+    result = play(make_env("shop"), task, [format_tool_call("search", {"query": "pen price"})])[0]
     assert not result.done
-    assert result.observation[0]["content"] == "error: unknown tool 'search'; available: usual, lookup, calculator"
+    assert result.observation[0]["content"] == "error: unknown tool 'search'; available: calculator, lookup, usual"
     assert result.info["tool_errors"] == 1
 
 
 def test_an_item_the_shop_does_not_sell(task):
     for item in ["pens", "3*47", 12, "Ann"]:
-        result = play(ShopEnv(), task, [format_tool_call("lookup", {"item": item})])[0]
+        result = play(make_env("shop"), task, [format_tool_call("lookup", {"item": item})])[0]
         assert result.observation[0]["content"] == f"error: the shop has no item {str(item)!r}"
         assert not result.done and result.info["tool_errors"] == 1
-    text = play(ShopEnv(), task, [format_tool_call("usual", {"customer": "Ann"})])[0].observation[0]["content"]
-    assert text == "error: usual got unexpected argument 'customer'"
+        assert result.info["tool_failures"] == 0  # an error text the tool returns: TRL would not count it as failed
+    text = play(make_env("shop"), task, [format_tool_call("usual", {"customer": "Ann"})])[0].observation[0]["content"]
+    assert text == "error: usual: got an unexpected keyword argument 'customer'"
 
 
 def test_tool_results_never_read_end_cleanly(task):
     a = task.metadata["item"]
     # a call and an answer in one turn: the answer is ignored (the model has not seen the result yet)
-    first = play(ShopEnv(), task, [lookup(a) + f"\n<answer>{task.answer}</answer>"])[0]
+    first = play(make_env("shop"), task, [lookup(a) + f"\n<answer>{task.answer}</answer>"])[0]
     assert not first.done and first.observation[0]["role"] == "tool"
     # answering without the looked-up price: judged as any answer, a named verdict
-    last = play(ShopEnv(), task, [lookup(a), "<answer>123</answer>"])[-1]
+    last = play(make_env("shop"), task, [lookup(a), "<answer>123</answer>"])[-1]
     assert last.info["stop_reason"] == "answered" and last.info["verdict"] == "wrong_number" and last.reward == 0.0
     # calling again and again, never answering: the step limit ends it
-    last = play(ShopEnv(max_steps=3), task, [lookup(a)] * 10)[-1]
+    last = play(make_env("shop", max_steps=3), task, [lookup(a)] * 10)[-1]
     assert last.truncated and last.info["stop_reason"] == "max_steps" and last.info["verdict"] == "no_answer"
 
 
 def test_a_task_without_hidden_values_is_a_caller_error():
-    with pytest.raises(ValueError, match=r"metadata\['item'\]"):
-        ShopEnv().reset(Task("no-shop", [{"role": "user", "content": "What do 2 pens cost?"}], "10"))
-    with pytest.raises(ValueError, match=r"has item='pen', prices=None"):
-        ShopEnv().reset(Task("no-prices", [{"role": "user", "content": "?"}], "10", {"item": "pen"}))
+    with pytest.raises(ValueError, match=r"needs a row with 'item'") as raised:
+        make_env("shop").reset(Task("no-shop", [{"role": "user", "content": "What do 2 pens cost?"}], "10"))
+    assert "of task 'no-shop'" in raised.value.__notes__[0]  # the adapter says which task
+    with pytest.raises(ValueError, match=r"got item='pen', prices=None"):
+        ShopEnv().reset(item="pen")  # the class alone, as TRL calls it: reset(**row)
     with pytest.raises(ValueError, match="the item among them"):
-        ShopEnv().reset(Task("unpriced", [{"role": "user", "content": "?"}], "10", {"item": "pen", "prices": {"cup": 3}}))
+        make_env("shop").reset(Task("unpriced", [{"role": "user", "content": "?"}], "10", {"item": "pen", "prices": {"cup": 3}}))
+
+
+def test_the_env_class_plays_without_the_adapter(task):
+    """What TRL does with the class: construct it once, reset(**row), call the tool methods."""
+    env = ShopEnv()
+    assert env.reset(**task.row()) is None
+    item = json.loads(env.usual())["item"]
+    assert item == task.metadata["item"] and env.lookup(item) == str(task.metadata["prices"][item])
+    assert env.calculator(task.metadata["expression"]) == task.answer
 
 
 # --- demonstrations and failure kinds ----------------------------------------------------------
@@ -193,9 +212,11 @@ def test_each_demonstration_fails_as_its_flaw(task, flaw):
 
 
 def test_a_looping_agent_is_truncated(task):
+    """The env class itself as the factory (as TRL's environment_factory): rollout wraps it in an Episode with its limits."""
     policy = ScriptedPolicy(load_tokenizer(AGENT_DIR), [lookup("pen")])
-    (episode,) = rollout([task], "shop", policy, group_size=1, progress=False, max_steps=EPISODE["max_steps"], max_total_tokens=320)
+    (episode,) = rollout([task], ShopEnv, policy, group_size=1, progress=False, max_steps=EPISODE["max_steps"], max_total_tokens=320)
     assert episode.stop_reason == "max_steps" and failure_kind(episode) == "truncated"
+    assert episode.turns == EPISODE["max_steps"] and episode.info["tool_calls"] == EPISODE["max_steps"]
 
 
 # --- the shipped checkpoint --------------------------------------------------------------------

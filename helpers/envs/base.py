@@ -1,57 +1,70 @@
-"""The environment contract (环境模块).
+"""The environment contract (环境模块): TRL's, so one class runs in TRL and in this workbook's loop.
 
-An environment is what makes RL *agentic*: the policy acts, the world answers,
-and the world decides when the task is over.
+An environment is what makes RL *agentic*: the policy acts, the world answers. Since TRL 1.16
+``GRPOTrainer(environment_factory=Cls)`` takes environments, and this workbook uses the same
+contract, so a class written here trains under TRL unchanged (and the other way round):
 
-    obs = env.reset(task)          # list of chat messages the policy sees first
-    while not env.is_done():
-        text = policy(obs_so_far)  # one assistant turn
-        result = env.step(text)    # StepResult(observation, reward, terminated, truncated, info)
+    class ShopEnv:
+        def reset(self, **row) -> str | None:       # every column of the task's row (prompt, answer, item, prices, ...)
+            self.item, self.prices = row["item"], row["prices"]
+            return None                              # or a string, appended to the last user message
+        def lookup(self, item: str) -> str:          # a public method = a tool: type hints + a Google-style docstring
+            '''The price of one item in this shop.
 
-Observations are *chat messages* (``[{"role": "tool", "content": "42"}]``), not
-strings: the rollout renders them with the tokenizer's chat template and appends
-the new tokens, so the same env serves the tiny model and Qwen.
+            Args:
+                item: the item's name, singular
+            '''
+            return str(self.prices[item])
 
-As in Gymnasium, ``terminated`` (the task reached an end: answered, gave up) is
-kept apart from ``truncated`` (a limit cut it short: max_steps, timeout). Every
-episode ends with a named ``stop_reason``. ``step`` never raises on bad model
-output: a malformed tool call becomes an error observation the model can read.
+The rules, as TRL applies them (``trl/trainer/grpo_trainer.py``):
 
-``Env.step`` is a template: the part every env shares (the protocol check, counting
-the step, ``str(action)``) is written once here, and a subclass writes only
-``_step(text) -> StepResult``, what its world does with one turn. Long observations
-are cut by one function, ``clip_observation``, so every env says the same thing when
-it cuts.
+* The class is constructed with no arguments, once, and reset for every episode.
+* ``reset(**row)`` receives all the row's columns (``Task.row()``: ``prompt``, ``answer`` and
+  the metadata) and returns a string, appended to the last user message, or None.
+* Every public function of the class except ``reset`` and ``get_reward`` is a tool, listed in
+  name order (``inspect.getmembers``); its JSON schema is ``transformers.utils.get_json_schema``
+  of the method, so each argument needs a type hint and an ``Args:`` line in the docstring.
+* A tool that raises becomes an error result and counts in ``tools/failure_frequency``.
+* An optional ``get_reward() -> float`` is one more reward, named after the class, weight 1.
+
+The teaching ``step(text)`` of Gymnasium style is not part of the class: it is one generic
+adapter, ``helpers.envs.episode.Episode``, that parses a model turn and calls these methods
+(the part TRL does inside its generation loop). This module holds what the adapter and its
+callers share: the stop reasons, the ``info`` keys, ``StepResult``, and how tools are found.
+
+As in Gymnasium, ``terminated`` (the task reached an end: answered) is kept apart from
+``truncated`` (a limit cut it short: max_steps, timeout). Every episode ends with a named
+``stop_reason``.
+
+Taught in notebooks/02_environment.ipynb.
 """
 
 from __future__ import annotations
 
 import copy
-import time
+import inspect
 from dataclasses import dataclass, field
 
-from helpers.data import Task
-from helpers.formats import judge_answer
-
-# Why an episode ended. The rollout adds "max_tokens" (token budget) itself, with ``env.truncate``.
+# Why an episode ended. The rollout adds "max_tokens" (token budget) itself, with ``Episode.truncate``.
 STOP_REASONS = ("answered", "max_steps", "timeout", "max_tokens", "error")
-TRUNCATED = ("max_steps", "max_tokens", "timeout")  # the stop reasons that mean "a limit cut it short"
 TRUNCATED = ("max_steps", "max_tokens", "timeout")  # the stop reasons that mean "a limit cut it short"
 
 # Keys every step's ``info`` carries (the final step's values describe the episode):
-#   stop_reason  None until the episode ends, then one of STOP_REASONS
-#   correct      the final answer was judged right
-#   predicted    the answer the env read from the policy's text (None: nothing found)
-#   verdict      why: "correct", "wrong_number", "wrong_answer", "no_answer", ... (None until judged)
-#   tool_calls   tool calls made so far in this episode
-#   tool_errors  of those, how many returned an "error: ..." result
-INFO_KEYS = ("stop_reason", "correct", "predicted", "verdict", "tool_calls", "tool_errors")
+#   stop_reason    None until the episode ends, then one of STOP_REASONS
+#   correct        the final answer was judged right
+#   predicted      the answer read from the policy's text (None: nothing found)
+#   verdict        why: "correct", "wrong_number", "wrong_answer", "no_answer", ... (None until judged)
+#   tool_calls     tool calls made so far in this episode
+#   tool_errors    of those, how many gave an "error: ..." result (a failure, or an error text the tool returned)
+#   tool_failures  of those, how many failed as TRL counts it: the call could not be made, raised, or hung
+INFO_KEYS = ("stop_reason", "correct", "predicted", "verdict", "tool_calls", "tool_errors", "tool_failures")
 
 
 def new_info(**values) -> dict:
     """An ``info`` dict with every key of ``INFO_KEYS`` at its start value, then ``values``."""
-    info = {"stop_reason": None, "correct": False, "predicted": None, "verdict": None, "tool_calls": 0, "tool_errors": 0}
-    info.update(copy.deepcopy(values))  # a copy: an env's defaults (lists, dicts) are never shared between episodes
+    info = {"stop_reason": None, "correct": False, "predicted": None, "verdict": None, "tool_calls": 0, "tool_errors": 0,
+            "tool_failures": 0}
+    info.update(copy.deepcopy(values))  # a copy: defaults (lists, dicts) are never shared between episodes
     return info
 
 
@@ -82,83 +95,23 @@ class StepResult:
         return self.terminated or self.truncated
 
 
-class Env:
-    """Base class. Subclasses implement ``_step(text)``; most need no ``reset`` of their own.
+def tool_methods(env) -> dict:
+    """The tools of ``env`` as TRL finds them: ``{name: bound method}`` for every public function
+    of its class but ``reset`` and ``get_reward``, in name order."""
+    return {name: getattr(env, name) for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")}
 
-    Class attributes a subclass may set:
-        name:          registry name
-        tools:         JSON schemas of the tools (passed to ``apply_chat_template(tools=...)``), or None
-        info_defaults: the env's own ``info`` keys with their start values, e.g. ``{"strict_format": False}``
+
+def tool_schemas(env) -> list[dict]:
+    """The JSON schemas of ``env``'s tools, in TRL's order: what ``apply_chat_template(tools=...)``
+    renders, for the workbook's loop exactly as for TRL (both call ``get_json_schema`` on the methods).
+
+    A tool without type hints, or whose docstring has no ``Args:`` line for an argument, raises
+    ``get_json_schema``'s own error, naming the argument.
     """
+    methods = tool_methods(env)
+    if not methods:
+        return []
+    from transformers.utils import get_json_schema  # transformers takes a second to import; only tool envs need it
 
-    name: str = "base"
-    tools: list[dict] | None = None
-    info_defaults: dict = {}
-
-    def __init__(self, max_steps: int = 1):
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        self.max_steps = max_steps
-        self.task: Task | None = None
-        self.steps = 0
-        self.stop_reason: str | None = None
-        self.info: dict = new_info(**self.info_defaults)  # the running episode's info; each StepResult gets a copy
-        self.started = 0.0  # time.monotonic() at reset
-
-    def reset(self, task: Task) -> list[dict]:
-        """Start an episode of ``task``; returns a copy of its prompt messages."""
-        return self._begin_episode(task)
-
-    def step(self, action: str) -> StepResult:
-        """One assistant turn. Checks the protocol, counts the step, then ``self._step(text)``."""
-        self._check_can_step()
-        self.steps += 1
-        return self._step(action if isinstance(action, str) else str(action))
-
-    def _step(self, text: str) -> StepResult:
-        raise NotImplementedError(f"{type(self).__name__} must implement _step(text) -> StepResult")
-
-    def is_done(self) -> bool:
-        return self.stop_reason is not None
-
-    def truncate(self, stop_reason: str = "max_tokens") -> StepResult:
-        """End the episode from outside, e.g. when the rollout's token budget runs out.
-
-        Returns the final StepResult (reward 0, truncated) with the full ``info``, so the
-        rollout records every episode the same way however it ended.
-        """
-        if stop_reason not in STOP_REASONS:
-            raise ValueError(f"unknown stop_reason {stop_reason!r}; expected one of {STOP_REASONS}")
-        self._check_can_step()
-        if self.info["verdict"] is None:
-            self.info["verdict"] = "no_answer"
-        return self._end(stop_reason)
-
-    # --- helpers for subclasses ---------------------------------------------------------------
-
-    def _begin_episode(self, task: Task) -> list[dict]:
-        """Reset the episode state; returns a copy of the task's prompt messages."""
-        if not isinstance(task, Task):
-            raise TypeError(f"reset() needs a helpers.data.Task, got {type(task).__name__}")
-        self.task, self.steps, self.stop_reason = task, 0, None
-        self.info = new_info(**self.info_defaults)
-        self.started = time.monotonic()
-        return [dict(message) for message in task.prompt]
-
-    def _check_can_step(self) -> None:
-        if self.task is None:
-            raise EnvError(f"{type(self).__name__}.step() called before reset(task)")
-        if self.is_done():
-            raise EnvError(f"{type(self).__name__}.step() called after the episode ended (stop_reason={self.stop_reason!r}); call reset(task) first")
-
-    def _answered(self, text: str) -> StepResult:
-        """``text`` is the final answer: judge it (``helpers.formats.judge_answer``) and end the episode."""
-        self.info.update(judge_answer(text, self.task.answer))
-        return self._end("answered", reward=1.0 if self.info["correct"] else 0.0)
-
-    def _end(self, stop_reason: str, reward: float = 0.0) -> StepResult:
-        """Finish the episode: ``terminated`` when answered, ``truncated`` for any limit or error."""
-        self.stop_reason = stop_reason
-        self.info["stop_reason"] = stop_reason
-        terminated = stop_reason == "answered"
-        return StepResult([], float(reward), terminated, not terminated, dict(self.info))
+    return [get_json_schema(method) for method in methods.values()]

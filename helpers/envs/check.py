@@ -1,11 +1,19 @@
-"""check_env: drive an env with garbage and with scripted actions, report contract violations.
+"""check_env and check_env_class: is an environment honest before it meets a policy?
 
-Like Gymnasium's ``env_checker``: a new env passes this before it meets a policy.
+Like Gymnasium's ``env_checker``. Two questions, two functions:
 
+    check_env_class(ShopEnv)                                # [] when the class follows TRL's contract
+    check_env_class("mypkg.shop:Shop", task)                # a class by name, one scripted episode of ``task`` too
     problems = check_env(make_env("calculator"), tasks)     # [] when all is well
-    check_env(env, tasks, strict=True)                      # raises EnvCheckError listing them
+    check_env(ShopEnv(), tasks, strict=True)                # an env object is wrapped in an Episode; raises EnvCheckError
 
-What it checks (see ``helpers.envs.base`` for the contract):
+``check_env_class`` reads the class as TRL will (see ``helpers.envs.base``): it can be built with no
+arguments, it has ``reset``, every tool has type hints and a docstring line for each argument (the
+schema ``get_json_schema`` builds), and, after one scripted episode when a task is given, ``reset``
+took the row and ``get_reward`` (if any) returned a finite number. Each problem is one line.
+
+``check_env`` drives an env through its adapter (``helpers.envs.episode.Episode``) with garbage and
+with scripted actions, and reports contract violations:
 
 * ``tools`` is None or a list of ``{"type": "function", "function": {"name", "parameters"}}``.
 * ``reset`` returns chat messages (dicts with str ``role`` and ``content``), does not
@@ -19,21 +27,30 @@ What it checks (see ``helpers.envs.base`` for the contract):
   ``info`` dict with every key of ``INFO_KEYS`` that ``json.dumps`` can write.
 * ``done`` agrees with ``is_done()``; a finished episode has a ``stop_reason`` from
   ``STOP_REASONS``, the same in ``info``; it is not both terminated and truncated;
-  and it ends within ``max_steps`` steps.
+  and it ends within ``max_steps`` steps; the env's ``get_reward`` (if any) gave a number.
 * ``step`` after the end raises ``EnvError`` (a caller bug, reported loudly).
 * Optionally, ``solver(task) -> list of actions`` must earn the full reward of 1.0.
+
+The adapter guarantees much of this by construction; what an env can still break is its
+``reset``, its tools (a tool that hangs is cut by the step timeout), its ``_judge`` hook and its
+``get_reward``.
+
+Taught in notebooks/02_environment.ipynb.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import random
 import string
 import time
 
-from helpers.envs.base import INFO_KEYS, STOP_REASONS, Env, EnvError, StepResult
+from helpers.envs.base import INFO_KEYS, STOP_REASONS, EnvError, StepResult, tool_methods, tool_schemas
+from helpers.envs.episode import Episode
+from helpers.envs.registry import import_env_class
 from helpers.formats import format_tool_call
 
 
@@ -41,7 +58,7 @@ class EnvCheckError(AssertionError):
     """Raised by ``check_env(..., strict=True)``; the message lists every problem."""
 
 
-def _scripted_actions(env: Env, task) -> list[str]:
+def _scripted_actions(env: Episode, task) -> list[str]:
     """Well-aimed bad (and good) turns: the edge cases a policy will eventually write."""
     actions = [
         "",
@@ -71,7 +88,7 @@ def _scripted_actions(env: Env, task) -> list[str]:
     return actions
 
 
-def _random_action(rng: random.Random, env: Env) -> str:
+def _random_action(rng: random.Random, env: Episode) -> str:
     kind = rng.randrange(4)
     if kind == 0:  # printable noise
         return "".join(rng.choice(string.printable) for _ in range(rng.randrange(300)))
@@ -88,7 +105,7 @@ def _random_action(rng: random.Random, env: Env) -> str:
     return format_tool_call(tool["name"], arguments)
 
 
-def _check_tools(env: Env) -> list[str]:
+def _check_tools(env: Episode) -> list[str]:
     if env.tools is None:
         return []
     if not isinstance(env.tools, list):
@@ -111,7 +128,7 @@ def _check_messages(messages, where: str) -> list[str]:
     return []
 
 
-def _check_result(env: Env, result, where: str) -> list[str]:
+def _check_result(env: Episode, result, where: str) -> list[str]:
     if not isinstance(result, StepResult):
         return [f"{where}: step() must return a StepResult, got {type(result).__name__}"]
     problems = _check_messages(result.observation, f"{where}: observation")
@@ -137,12 +154,14 @@ def _check_result(env: Env, result, where: str) -> list[str]:
             problems.append(f"{where}: info['stop_reason']={result.info.get('stop_reason')!r} differs from env.stop_reason={env.stop_reason!r}")
         if result.terminated and result.truncated:
             problems.append(f"{where}: an episode is terminated or truncated, not both")
+        if "env_reward_error" in result.info:
+            problems.append(f"{where}: get_reward failed: {result.info['env_reward_error']}")
     elif result.info.get("stop_reason") is not None:
         problems.append(f"{where}: info['stop_reason']={result.info['stop_reason']!r} but the episode is not done")
     return problems
 
 
-def _play(env: Env, task, actions, where: str, problems: list[str], step_seconds: float) -> StepResult | None:
+def _play(env: Episode, task, actions, where: str, problems: list[str], step_seconds: float) -> StepResult | None:
     """Reset, play ``actions`` (then ``"<answer>0</answer>"`` turns) until done; check every step."""
     prompt_before = copy.deepcopy(task.prompt)
     try:
@@ -179,16 +198,19 @@ def _play(env: Env, task, actions, where: str, problems: list[str], step_seconds
     return result
 
 
-def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=None, strict: bool = False, step_seconds: float = 30.0) -> list[str]:
+def check_env(env, tasks: list, n_random: int = 20, seed: int = 0, solver=None, strict: bool = False, step_seconds: float = 30.0) -> list[str]:
     """Run ``env`` through scripted and ``n_random`` random episodes; return the problems found.
 
-    ``tasks``: a few tasks to play (cycled). ``solver(task) -> list[str]``: actions that
-    should earn reward 1.0 (optional). ``strict=True`` raises ``EnvCheckError`` instead
+    ``env``: an ``Episode`` (what ``make_env`` returns), or an env object, driven by an ``Episode``
+    with its default limits. ``tasks``: a few tasks to play (cycled). ``solver(task) -> list[str]``:
+    actions that should earn reward 1.0 (optional). ``strict=True`` raises ``EnvCheckError`` instead
     of returning a non-empty list. ``step_seconds``: the longest a single ``step`` may take
     (generous: it catches parsers that are quadratic in the turn, not slow tools).
     """
     if not tasks:
         raise ValueError("check_env needs at least one task")
+    if not isinstance(env, Episode):
+        env = Episode(env)
     rng = random.Random(seed)
     problems = _check_tools(env)
 
@@ -225,5 +247,49 @@ def check_env(env: Env, tasks: list, n_random: int = 20, seed: int = 0, solver=N
                 problems.append(f"solver on {task.id}: expected reward 1.0 and stop_reason 'answered', got {result.reward} and {env.stop_reason!r} (info {result.info})")
 
     if strict and problems:
-        raise EnvCheckError(f"check_env({type(env).__name__}) found {len(problems)} problem(s):\n- " + "\n- ".join(problems))
+        raise EnvCheckError(f"check_env({env.name}) found {len(problems)} problem(s):\n- " + "\n- ".join(problems))
     return problems
+
+
+def check_env_class(cls, task=None) -> list[str]:
+    """Is ``cls`` an environment TRL's ``GRPOTrainer(environment_factory=cls)`` and this workbook can
+    both run? The problems, one line each ([] when none).
+
+    ``cls``: the class, or ``"package.module:ClassName"``. ``task``: when given, one scripted episode
+    (``reset(**task.row())``, then the task's answer as the final turn) checks that ``reset`` takes
+    the row and that ``get_reward``, if the class has one, returns a finite number.
+    """
+    if isinstance(cls, str):
+        try:
+            cls = import_env_class(cls)
+        except ValueError as e:
+            return [_one_line(e)]
+    name = getattr(cls, "__name__", repr(cls))
+    if not callable(getattr(cls, "reset", None)):
+        return [f"{name} has no reset method; TRL calls reset(**row) at the start of every episode"]
+    try:
+        env = cls()
+    except Exception as e:
+        return [f"{name}() raised {type(e).__name__}: {_one_line(e)} (TRL constructs the class with no arguments)"]
+    problems = [f"tool {tool} is async; this workbook's loop calls tools synchronously"
+                for tool, method in tool_methods(env).items() if inspect.iscoroutinefunction(method)]
+    try:
+        tool_schemas(env)  # get_json_schema's own error names the tool and the argument
+    except Exception as e:
+        problems.append(f"{name}: {_one_line(e)}")
+    if problems or task is None:
+        return problems
+    try:
+        episode = Episode(env, max_steps=2)
+        episode.reset(task)
+        result = episode.step(f"<answer>{task.answer}</answer>")
+    except Exception as e:
+        return [f"{name}: one scripted episode raised {type(e).__name__}: {_one_line(e)}"]
+    if "env_reward_error" in result.info:
+        problems.append(f"{name}.get_reward: {_one_line(result.info['env_reward_error'])}")
+    return problems
+
+
+def _one_line(message) -> str:
+    """A message (an exception's) on one line: a refusal is read in a terminal, one line per reason."""
+    return " ".join(str(message).split())

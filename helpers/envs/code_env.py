@@ -1,7 +1,7 @@
 """CodeEnv: write a Python function, the tests decide (HumanEval-style).
 
     tasks = load_code_tasks()                    # data/code_tasks.jsonl, 22 small functions
-    env = make_env("code")
+    env = make_env("code")                       # Episode(CodeEnv()): the adapter calls CodeEnv._judge on the final turn
     env.reset(tasks[0])                          # "Return the sum of a and b. ... def add(a, b) ..."
     result = env.step("```python\\ndef add(a, b):\\n    return a + b\\n```")
     result.reward, result.info["passed"], result.info["total"]        # 1.0, 4, 4
@@ -36,9 +36,13 @@ missing or malformed), ``"timeout"``, ``"output_limit"``, ``"no_answer"`` (empty
 tests. The episode ends ``"answered"`` whatever the program did (a program that hangs
 is a bad *answer*, scored 0); only a sandbox that cannot start ends it with ``"error"``.
 
-With ``max_steps > 1`` a failed attempt is not final: the env answers with the test
-report as a user message and the policy may try again (the reward is that of the
-last attempt).
+With ``max_steps > 1`` (the adapter's limit) a failed attempt is not final: the env answers
+with the test report as a user message and the policy may try again (the reward is that of
+the last attempt).
+
+In TRL the class has no tools and no ``get_reward``, so TRL never shows it the final text: there
+the tests would run in a reward function on the completion. The ``_judge`` hook is this
+workbook's way to judge a final turn inside the env.
 
 Parsing the turn is linear in its length (``helpers.formats.code_blocks``); the run is
 bounded by the sandbox's limits.
@@ -52,6 +56,8 @@ Simplifications, named:
   sets or int dict keys: ``(1, 2)`` equals ``[1, 2]`` here, and a function returning a
   set fails.
 * The arguments are visible to the solution (it has to compute on them).
+
+Taught in notebooks/02_environment.ipynb.
 """
 
 from __future__ import annotations
@@ -64,7 +70,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.data import DatasetError, Task, read_jsonl
-from helpers.envs.base import Env, StepResult, clip_observation
 from helpers.formats import code_blocks
 from helpers.paths import DATA
 from helpers.sandbox import Limits, SandboxUnavailable, os_isolation, run_python
@@ -234,7 +239,7 @@ def _returned_values(stdout: str, token: str, n: int) -> list[list] | None:
     return report
 
 
-def _judge(test: CodeTest, returned: bool, text: str) -> list:
+def _judge_call(test: CodeTest, returned: bool, text: str) -> list:
     """``[passed, error]`` for one call: the returned JSON text decoded here, compared by value."""
     if not returned:
         return [False, text]
@@ -263,7 +268,7 @@ def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_se
     report = {"passed": 0, "total": len(tests), "results": None, "error": None, "verdict": None, "wall_time": round(run.wall_time, 3)}
     returned = _returned_values(run.stdout, token, len(parsed))
     if returned is not None:
-        results = [_judge(test, ok, text) for test, (ok, text) in zip(parsed, returned)]
+        results = [_judge_call(test, ok, text) for test, (ok, text) in zip(parsed, returned)]
         report["results"] = results
         report["passed"] = sum(ok for ok, _ in results)
         errors = [error for ok, error in results if not ok]
@@ -289,74 +294,65 @@ def run_tests(code: str, tests: list[str], limits: Limits | None = None, test_se
     return report
 
 
-class CodeEnv(Env):
+class CodeEnv:
     """Write a function; reward = fraction of the task's tests that pass (judged outside the sandbox).
 
-    Keyword arguments: ``max_steps`` (attempts, default 1), ``test_seconds`` (per call),
-    ``limits`` (``helpers.sandbox.Limits``), ``python`` (interpreter for the sandbox),
-    ``max_observation_chars`` (cap on the feedback message), ``allow_unsafe`` (run where
-    the sandbox has no OS boundary, with a warning at every run; else that is an error).
+    An environment on TRL's contract with no tools: ``reset(**row)`` reads the task's ``tests`` and
+    ``entry_point``, and the final turn is judged by the ``_judge`` hook (``helpers.envs.episode``),
+    which runs the tests on the turn's code. Keyword arguments (all optional, so TRL can construct
+    it with none): ``test_seconds`` (per call), ``limits`` (``helpers.sandbox.Limits``), ``python``
+    (interpreter for the sandbox), ``allow_unsafe`` (run where the sandbox has no OS boundary,
+    with a warning at every run; else that is an error).
     """
 
-    name = "code"
-    tools = None
-    info_defaults = {"passed": 0, "total": 0, "error": None, "failures": []}
-
-    def __init__(self, max_steps: int = 1, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None,
-                 max_observation_chars: int = 2000, allow_unsafe: bool = False):
+    def __init__(self, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None, allow_unsafe: bool = False):
         if not allow_unsafe and not os_isolation(python):
             raise SandboxUnavailable("CodeEnv runs model-written code and needs the sandbox's OS boundary (bwrap), which is "
                                      "not available here (see helpers.sandbox.sandbox_layers()); install bubblewrap, or pass "
                                      "allow_unsafe=True to run with rlimits and the audit hook only")
-        super().__init__(max_steps=max_steps)
         self.test_seconds = test_seconds
         self.limits = limits or Limits()
         self.python = python
-        self.max_observation_chars = max_observation_chars
         self.allow_unsafe = allow_unsafe
+        self.tests: list[str] = []
+        self.entry_point: str | None = None
 
-    def reset(self, task: Task) -> list[dict]:
-        tests = task.metadata.get("tests")
+    def reset(self, **row) -> None:
+        """Keep the row's ``tests`` (asserts) and ``entry_point``; a malformed test is the task's bug, said now."""
+        tests = row.get("tests")
         if not tests or not isinstance(tests, list):
-            raise ValueError(f"task {task.id!r} has no list metadata['tests']; CodeEnv needs HumanEval-style tasks (see load_code_tasks)")
+            raise ValueError(f"CodeEnv needs a row with 'tests', a list of asserts (HumanEval-style tasks: see load_code_tasks); got {str(tests)[:60]!r}")
         for test in tests:
-            parse_test(test)  # a malformed test is the task's bug: say so now, not as a zero reward later
-        messages = super().reset(task)
-        self.info["total"] = len(tests)
-        return messages
+            parse_test(test)  # ValueError naming the malformed test
+        self.tests, self.entry_point = list(tests), row.get("entry_point")
+        return None
 
-    def _step(self, text: str) -> StepResult:
-        tests = self.task.metadata["tests"]
-        code = extract_code(text, self.task.metadata.get("entry_point"))
+    def _judge(self, text: str) -> dict:
+        """The final turn: run the tests on its code. ``info`` keys, the reward, and the test report as
+        ``feedback`` for another attempt (``Episode`` sends it while attempts are left)."""
+        total = len(self.tests)
+        code = extract_code(text, self.entry_point)
         if not code.strip():
-            self.info.update(predicted=None, verdict="no_answer", correct=False, passed=0, error="no code found", failures=[])
-            return self._after_attempt(reward=0.0)
+            report = {"predicted": None, "verdict": "no_answer", "correct": False, "passed": 0, "total": total,
+                      "error": "no code found", "failures": []}
+            return {**report, "reward": 0.0, "feedback": _feedback(report)}
         try:
-            report = run_tests(code, tests, self.limits, self.test_seconds, self.python, self.allow_unsafe)
+            ran = run_tests(code, self.tests, self.limits, self.test_seconds, self.python, self.allow_unsafe)
         except Exception as e:  # the sandbox itself failed (disk full, ...): not the policy's fault
-            self.info.update(verdict="error", error=f"sandbox failed: {type(e).__name__}: {e}")
-            return self._end("error")
-        if report["error"] and report["error"].startswith("could not start"):
-            self.info.update(verdict="error", error=report["error"])
-            return self._end("error")
-        failures = [f"{test}  ->  {error}" for test, (ok, error) in zip(tests, report["results"] or []) if not ok]
-        self.info.update(
-            predicted=code[:MAX_PREDICTED_CHARS],
-            verdict=report["verdict"],
-            correct=report["verdict"] == "correct",
-            passed=report["passed"],
-            error=report["error"],
-            failures=failures[:3],
-        )
-        return self._after_attempt(reward=report["passed"] / report["total"])
+            return {"verdict": "error", "error": f"sandbox failed: {type(e).__name__}: {e}", "stop_reason": "error"}
+        if ran["error"] and ran["error"].startswith("could not start"):
+            return {"verdict": "error", "error": ran["error"], "stop_reason": "error"}
+        failures = [f"{test}  ->  {error}" for test, (ok, error) in zip(self.tests, ran["results"] or []) if not ok]
+        report = {"predicted": code[:MAX_PREDICTED_CHARS], "verdict": ran["verdict"], "correct": ran["verdict"] == "correct",
+                  "passed": ran["passed"], "total": total, "error": ran["error"], "failures": failures[:3]}
+        return {**report, "reward": ran["passed"] / total, "feedback": _feedback(report)}
 
-    def _after_attempt(self, reward: float) -> StepResult:
-        if self.info["correct"] or self.steps >= self.max_steps:
-            return self._end("answered", reward=reward)
-        feedback = f"{self.info['passed']}/{self.info['total']} tests passed."
-        if self.info["error"]:
-            feedback += f"\nError: {self.info['error']}"
-        if self.info["failures"]:
-            feedback += "\nFailing:\n" + "\n".join(self.info["failures"])
-        feedback += "\nFix the function and send the complete code again."
-        return StepResult([{"role": "user", "content": clip_observation(feedback, self.max_observation_chars)}], 0.0, False, False, dict(self.info))
+
+def _feedback(report: dict) -> str:
+    """The test report a failed attempt gets back, as a user message."""
+    feedback = f"{report['passed']}/{report['total']} tests passed."
+    if report["error"]:
+        feedback += f"\nError: {report['error']}"
+    if report["failures"]:
+        feedback += "\nFailing:\n" + "\n".join(report["failures"])
+    return feedback + "\nFix the function and send the complete code again."

@@ -70,10 +70,10 @@ def tiny_dataset(split: str, n: int | None, seed: int) -> list[Task]:
 
 
 def calculator_tools() -> list[dict]:
-    """The calculator's JSON schema, from the environment that runs it."""
-    from helpers.envs.calculator import CalculatorEnv
+    """The calculator's JSON schema, from the environment that runs it (as TRL renders it)."""
+    from helpers.envs import CalculatorEnv, tool_schemas
 
-    return CalculatorEnv.tools
+    return tool_schemas(CalculatorEnv())
 
 
 def demonstration(task: Task, use_tool: bool) -> list[dict]:

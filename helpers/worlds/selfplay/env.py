@@ -6,7 +6,7 @@ it writes a new task in the world's grammar, and this env is its world: one turn
 which the env parses the proposal, checks it, and works out the true answer itself,
 so a proposed task never needs a label.
 
-    env = make_env("propose")
+    env = make_env("propose")                   # Episode(ProposerEnv()): the adapter calls ProposerEnv._judge
     env.reset(proposer_task())                  # [system: how to propose, user: "Propose a task."]
     env.step("<task>47*86</task>").info         # {..., "valid": True, "expression": "47*86", "answer": "4042", "difficulty": 4}
     env.step("<task>47*</task>").info           # (after a reset) {..., "valid": False, "error": "not in the grammar ..."}
@@ -21,6 +21,10 @@ into its answer, and every extra digit is one more to copy at a new distance. Th
 start copies two-digit operands well and three-digit ones about half the time, so difficulty is what
 makes the tiny solver fail.
 
+The env is a class on TRL's contract with no tools: ``reset`` does nothing, and its one turn is
+judged by the ``_judge`` hook of the adapter (``helpers.envs.episode.Episode``), since the turn is
+a proposal, not an answer to check against a reference.
+
 Nothing the model writes makes ``step`` raise (the env contract): text outside the
 grammar, an operand out of range, a megabyte of digits all end the episode with
 ``valid = False`` and a one-line ``error`` saying what was wrong, and earn no reward.
@@ -33,6 +37,8 @@ Simplifications, named:
   counts as malformed, which keeps the check a single regular expression.
 * The reward is not the env's: it needs the solver's attempts, so the training loop
   (``helpers.worlds.selfplay``) pays the proposer after solving; the env's own reward is 0.
+
+Taught in notebooks/09_self_play.ipynb.
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ from __future__ import annotations
 import re
 
 from helpers.data import Task
-from helpers.envs.base import Env, StepResult
 from helpers.envs.registry import register_env
 
 MIN_OPERAND, MAX_OPERAND = 10, 999  # two or three digits: the lengths the warm start was taught to copy
@@ -80,23 +85,23 @@ def proposer_task(task_id: str = "propose") -> Task:
     return Task(task_id, prompt, None, {"role": "proposer"})
 
 
-class ProposerEnv(Env):
+class ProposerEnv:
     """One turn: the proposal is checked (``check_proposal``); the episode ends either way.
 
     ``info`` gets ``valid`` and, for a valid task, ``expression``, ``answer`` and ``difficulty``;
-    for an invalid one, ``error``. Its ``verdict`` is ``"valid_task"`` or ``"invalid_task"``.
+    for an invalid one, ``error``. Its ``verdict`` is ``"valid_task"`` or ``"invalid_task"``, and an
+    invalid proposal ends the episode with stop reason ``"error"``.
     """
 
-    name = "propose"
-    info_defaults = {"valid": False}
+    def reset(self, **row) -> None:
+        """Nothing to set up: every proposer prompt is the same."""
+        return None
 
-    def __init__(self, max_steps: int = 1):
-        super().__init__(max_steps=max_steps)
-
-    def _step(self, text: str) -> StepResult:
-        self.info.update(check_proposal(text))
-        self.info["verdict"] = "valid_task" if self.info["valid"] else "invalid_task"
-        return self._end("answered" if self.info["valid"] else "error")
+    def _judge(self, text: str) -> dict:
+        """The proposal, checked: ``info`` keys and the stop reason for ``Episode`` (reward 0: the loop pays)."""
+        checked = check_proposal(text)
+        verdict = "valid_task" if checked["valid"] else "invalid_task"
+        return {**checked, "verdict": verdict, "reward": 0.0, "stop_reason": "answered" if checked["valid"] else "error"}
 
 
 register_env("propose", ProposerEnv)

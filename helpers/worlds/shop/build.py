@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from helpers.data import Task
+from helpers.envs import Episode, tool_schemas
 from helpers.formats import format_tool_call, parse_tool_calls
 from helpers.paths import ROOT
 from helpers.worlds.shop.env import ShopEnv
@@ -71,7 +72,7 @@ def demonstration(task: Task, flaw: str | None, rng: random.Random) -> list[dict
     stopped_early   looks the price up, then answers with it (the price of one, not the bill)
     wrong_tool      looks the price up, then asks lookup (not the calculator) for "3*47"; gives up with the price
     """
-    env = ShopEnv(max_steps=EPISODE["max_steps"])
+    env = Episode(ShopEnv(), max_steps=EPISODE["max_steps"])
     messages = env.reset(task)
 
     def act(text: str) -> str | None:
@@ -155,11 +156,12 @@ def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> di
     rng = random.Random(recipe["seed"])
     flaws = [demonstrator_flaw(task, rng) for task in tasks]
     conversations = [demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
-    tokenizer = train_tokenizer(conversations, ShopEnv.tools, vocab_size=recipe["vocab_size"])
+    tools = tool_schemas(ShopEnv())  # in TRL's order (by name), as the prompt lists them in both loops
+    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe["vocab_size"])
     model = new_model(tokenizer, recipe["seed"])
     if recipe["warm_start"]:
         warm_start(model, tokenizer)
-    examples = encode_conversations(tokenizer, conversations, ShopEnv.tools)
+    examples = encode_conversations(tokenizer, conversations, tools)
     losses = train_sft(
         model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
         decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
