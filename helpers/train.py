@@ -4,6 +4,15 @@
     python -m helpers.train --preset tiny-agent --seed 1 --steps 20 --lr 1e-4
     python -m helpers.train --preset tiny-agent --resume true  # continue a killed run from its last checkpoint
     python -m helpers.train --preset tiny-selfplay --proposer-weight 5   # a preset's own config fields are flags too
+    python -m helpers.train --preset tiny-agent --env-class mypkg.shop:Shop   # your own env class, on TRL's contract
+
+``--env-class package.module:ClassName`` trains with any class that follows TRL's environment
+contract (``helpers.envs.base``; it need import nothing from ``helpers``): it becomes
+``config.env``, and ``helpers.envs.check_env_class`` checks it on one of the preset's test tasks
+before any model loads. A class that breaks the contract (no ``reset``, a tool without type hints
+or an ``Args:`` line, a ``get_reward`` that returns no number) is refused with a one-line reason.
+The same class runs in TRL's ``GRPOTrainer(environment_factory=...)``. Taught in
+notebooks/02_environment.ipynb.
 
 This module sits on top of the house: it imports ``helpers.worlds`` (which registers every
 world's datasets, environments, presets and collectors), then hands the config to the one loop,
@@ -19,7 +28,9 @@ from dataclasses import fields
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
 from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
-from helpers.loop import RunResult, train
+from helpers.data import load_dataset
+from helpers.envs import check_env_class
+from helpers.loop import EVAL_SEED, RunResult, train
 
 __all__ = ["RunResult", "build_parser", "main", "train"]
 
@@ -61,6 +72,8 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="starting config; flags below override it")
+    parser.add_argument("--env-class", "--env_class", dest="env", default=argparse.SUPPRESS, metavar="MODULE:CLASS",
+                        help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop; sets --env")
     config_class = type(PRESETS[preset]()) if preset in PRESETS else TrainConfig
     hints = typing.get_type_hints(config_class)
     for f in fields(config_class):
@@ -76,6 +89,10 @@ def main(argv: list[str] | None = None) -> RunResult:
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
     config = get_preset(preset, **args)
+    if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
+        problems = check_env_class(config.env, load_dataset(config.dataset, "test", 1, seed=EVAL_SEED)[0])
+        if problems:
+            raise SystemExit(f"python -m helpers.train: environment class {config.env} refused: {'; '.join(problems)}")
     print(f"preset {preset}" + (f" with {args}" if args else ""), flush=True)
     return train(config, preset_name=preset)
 

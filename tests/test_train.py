@@ -1,4 +1,4 @@
-"""Tests for helpers.train: the CLI, the health checks, a short run and kill-and-resume equivalence."""
+"""Tests for helpers.train: the CLI, --env-class, the health checks, a short run and kill-and-resume equivalence."""
 
 import json
 
@@ -6,10 +6,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import helpers.train
 from helpers.config import get_preset
 from helpers.health import check_health
 from helpers.live import LiveCurves
-from helpers.train import build_parser, train
+from helpers.paths import ROOT
+from helpers.rollout import load_trajectories
+from helpers.train import build_parser, main, train
+from helpers.worlds.tinymodel import load_tokenizer
 
 TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")
 
@@ -33,6 +37,38 @@ def test_cli_takes_the_presets_own_fields():
     assert get_preset("tiny-selfplay", **{k: v for k, v in args.items() if k != "preset"}).proposer_weight == 5.0
     with pytest.raises(SystemExit):  # the main loop's presets have no such field
         build_parser("tiny-cpu").parse_args(["--proposer-weight", "5"])
+
+
+FIXTURES = ROOT / "tests" / "fixtures"  # my_shop.py: an env class that imports nothing from helpers; broken_shops.py
+
+
+def test_env_class_trains_with_a_class_that_imports_nothing_from_helpers(tmp_path, monkeypatch, one_thread):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    result = main(["--preset", "tiny-agent", "--env-class", "my_shop:MyShop", "--steps", "1", "--tasks-per-step", "2",
+                   "--num-generations", "2", "--eval-tasks", "4", "--pass-k", "0", "--out-dir", str(tmp_path / "run")])
+    assert json.loads((result.run_dir / "config.json").read_text())["env"] == "my_shop:MyShop"
+    assert "rewards/MyShop/mean" in result.history[1]  # its get_reward is a reward part named after the class, as in TRL
+    episodes = load_trajectories(result.run_dir / "eval" / "step-0001.trajectories.jsonl")
+    assert all(set(t.info["env_reward"]) == {"MyShop"} for t in episodes)  # MyShop ran every held-out episode
+    prompt = load_tokenizer(result.config.model).decode(episodes[0].token_ids[: episodes[0].prompt_len])
+    assert "Tools: calculator(expression), lookup(item), usual()" in prompt  # its tools, from its methods, in TRL's order
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ("broken_shops:NoReset", "NoReset has no reset method"),
+    ("broken_shops:NoHints", "NoHints: Argument item is missing a type hint in function lookup"),
+    ("broken_shops:NoArgsLine", "NoArgsLine: Cannot generate JSON schema for lookup because the docstring has no description for the argument 'item'"),
+    ("broken_shops:WordyReward", "WordyReward.get_reward: TypeError: get_reward() returned str 'a lot', not a finite number"),
+    ("no_such_module_xyz:Shop", "env 'no_such_module_xyz:Shop': cannot import 'no_such_module_xyz'"),
+])
+def test_env_class_refuses_a_broken_class_in_one_line_before_any_model_loads(spec, reason, monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as refused:
+        main(["--preset", "tiny-agent", "--env-class", spec])
+    message = str(refused.value)
+    assert message.startswith(f"python -m helpers.train: environment class {spec} refused: ") and "\n" not in message
+    assert reason in message, message
 
 
 def healthy(step, reward=0.5, kl=0.01, **kw):
