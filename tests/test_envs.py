@@ -23,6 +23,7 @@ from helpers.envs import (
     list_envs,
     load_code_tasks,
     make_env,
+    new_env,
     parse_test,
     register_env,
     run_tests,
@@ -338,6 +339,7 @@ def test_registry():
 def test_make_env_takes_any_class_by_module_and_name():
     env = make_env("helpers.envs.calculator:CalculatorEnv", max_steps=2, step_timeout=1.0)
     assert isinstance(env.env, CalculatorEnv) and (env.max_steps, env.step_timeout) == (2, 1.0)
+    assert type(new_env("helpers.envs.calculator:CalculatorEnv")) is type(new_env("calculator")) is CalculatorEnv  # the bare env, for TRL
     for spec, why in [("helpers.envs.calculator:NoSuchEnv", "has no class 'NoSuchEnv'"),
                       ("no_such_module_xyz:Env", "cannot import 'no_such_module_xyz' \\(ModuleNotFoundError"),
                       (":Env", "expected 'package.module:ClassName'")]:

@@ -30,7 +30,7 @@ from helpers.envs.check import EnvCheckError, check_env, check_env_class
 from helpers.envs.code_env import CodeEnv, extract_code, load_code_tasks, parse_test, run_tests
 from helpers.envs.episode import LIMITS, Episode, call_with_timeout
 from helpers.envs.math_env import MathEnv
-from helpers.envs.registry import import_env_class, list_envs, make_env, register_env
+from helpers.envs.registry import import_env_class, list_envs, make_env, new_env, register_env
 
 register_env("math", MathEnv)
 register_env("calculator", CalculatorEnv)
@@ -57,6 +57,7 @@ __all__ = [
     "list_envs",
     "load_code_tasks",
     "make_env",
+    "new_env",
     "new_info",
     "parse_test",
     "register_env",

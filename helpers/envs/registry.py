@@ -3,6 +3,7 @@
     register_env("guess", GuessEnv)                # a class on TRL's contract, or any function returning such an object
     env = make_env("guess", max_steps=7)           # an Episode driving a fresh GuessEnv(): what the training code calls
     env = make_env("mypkg.games:Guess")            # any class on TRL's contract, by "package.module:ClassName"
+    GRPOTrainer(..., environment_factory=lambda: new_env("guess"))   # the bare env, for TRL
     list_envs()                                    # ['calculator', 'code', 'guess', 'math', ...]
 
 The trainer and the rollout only ever call ``make_env(config.env, **config.env_kwargs)``, so
@@ -66,21 +67,27 @@ def import_env_class(spec: str) -> type:
     return cls
 
 
+def new_env(name: str, **options) -> object:
+    """A new environment object, without the adapter: what TRL's ``environment_factory`` returns.
+
+    ``name``: a registered name, or ``"package.module:ClassName"``; ``options`` go to its constructor.
+    """
+    if ":" in name:
+        return import_env_class(name)(**options)
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown env {name!r}; registered: {', '.join(sorted(_REGISTRY))} (or 'package.module:ClassName')")
+    return _REGISTRY[name](**options)
+
+
 def make_env(name: str, **kwargs) -> Episode:
     """An ``Episode`` driving a new env: ``make_env("calculator", max_steps=5)``.
 
-    ``name``: a registered name, or ``"package.module:ClassName"``. The keywords in ``LIMITS`` go to
-    the Episode, the others to the env's constructor.
+    ``name``: as for ``new_env``. The keywords in ``LIMITS`` go to the Episode, the others to the
+    env's constructor.
     """
-    if ":" in name:
-        factory = import_env_class(name)
-    elif name in _REGISTRY:
-        factory = _REGISTRY[name]
-    else:
-        raise KeyError(f"unknown env {name!r}; registered: {', '.join(sorted(_REGISTRY))} (or 'package.module:ClassName')")
     options = {key: value for key, value in kwargs.items() if key not in LIMITS}
     limits = {key: value for key, value in kwargs.items() if key in LIMITS}
-    return Episode(factory(**options), **limits)
+    return Episode(new_env(name, **options), **limits)
 
 
 def list_envs() -> list[str]:
