@@ -26,7 +26,10 @@ Simplifications, named:
 * Powers need an integer exponent (no square roots), at most ``MAX_EXPONENT``.
 * Every intermediate value must fit in ``MAX_DIGITS`` digits (numerator and
   denominator), so ``9**9**9`` or ``10**999 * 10**999`` is refused up front instead
-  of eating the CPU. Checking each step keeps every single operation cheap.
+  of eating the CPU. Checking each step keeps every single operation cheap: with
+  at most ``MAX_EXPRESSION_CHARS`` characters, the slowest input we found (a unary
+  chain 199 deep, fractions of 1,000 digits) takes under 1 ms
+  (``tests/test_calculator.py::test_every_input_is_judged_within_milliseconds``).
 """
 
 from __future__ import annotations
@@ -149,7 +152,4 @@ def calculate(expression) -> str:
         return f"error: {e}"
     except ValueError:
         return f"error: number too large (more than {MAX_DIGITS} digits)"
-    try:
-        return format_number(value)
-    except OverflowError:  # a huge non-integer does not fit a float to print its decimals
-        return "error: result too large to show as a decimal"
+    return format_number(value)

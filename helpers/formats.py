@@ -24,13 +24,25 @@ tag: quadratic, 4 s for 8,000 unclosed tags), numbers longer than
 ``MAX_NUMBER_CHARS`` are not numbers we compare, and a tool call's JSON may be huge or
 deeply nested and still only becomes an error message. That is how the step timeout of
 an env "covers" parsing: parsing is fast by construction, so it needs no timer.
+
+The one judgement that is not fast by construction is math-verify's symbolic check
+(an answer like ``1/2`` against ``0.5``): sympy computes what it is given, and a short
+answer can cost without bound (measured in a thread, LOG.md 2026-12-02:
+``10^{10^{7}}`` 8.8 s, ``(10^{6})!`` 7.1 s, ``\\sqrt{2}^{10^{9}}`` 7.9 s,
+``2^{2^{2^{5}}}``, ``9^{9^{9}}`` and ``\\binom{10^{6}}{500000}`` more than 25 s, holding
+the GIL all along, so no thread timer could cut them). A list of refused shapes cannot
+be complete (powers, factorials, binomials, roots...), so the check runs in a worker
+process that is killed at ``MATH_VERIFY_SECONDS``: the verdict is then
+``"check_timeout"``, counted as wrong.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
+import select
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,6 +64,7 @@ _FENCE = "```"
 _FENCE_OPEN_RE = re.compile(r"```(?:python|py)?[ \t]*\n")  # a code block opens with ``` or ```python, then a newline
 MAX_NUMBER_CHARS = 1000  # a longer "number" is not compared (int() of 4,300+ digits raises, and no answer is that long)
 MATH_VERIFY_MAX_CHARS = 100  # longer "answers" are not sent to sympy (parsing can be slow)
+MATH_VERIFY_SECONDS = 2.0  # a symbolic check still running after this is cut: verdict "check_timeout"
 
 
 def between(text: str, open_tag: str, close_tag: str) -> list[str]:
@@ -118,12 +131,17 @@ def to_number(text: str | None) -> Fraction | None:
 
 
 def format_number(value: Fraction) -> str:
-    """Canonical text of a number: ``1000``, ``-3``, ``2.5`` (no commas, no trailing zeros)."""
+    """Canonical text of a number: ``1000``, ``-3``, ``2.5`` (no commas, no trailing zeros).
+
+    A non-integer is rounded to 10 decimals, exactly (``1/3`` -> ``0.3333333333``): in
+    integers, not through a float, which overflows past 1e308 (an answer of 400 digits
+    and ``.5``) and is not exact.
+    """
     if value.denominator == 1:
         return str(value.numerator)
-    as_float = float(value)
-    text = f"{as_float:.10f}".rstrip("0").rstrip(".")
-    return text
+    whole, decimals = divmod(round(abs(value) * 10**10), 10**10)
+    text = f"{whole}.{decimals:010d}".rstrip("0").rstrip(".")
+    return "-" + text if value < 0 and text != "0" else text
 
 
 @dataclass
@@ -235,25 +253,68 @@ def format_tool_call(name: str, arguments: dict) -> str:
 # --- the verdict on an answer ---------------------------------------------------------------------
 
 
-def _math_verify_equal(reference: str, predicted: str) -> bool:
-    """math-verify's symbolic check (``\\frac{1}{2}`` == ``0.5``); False if it cannot decide.
+# The worker: math-verify in a process of its own, one JSON line in ([reference, answer]),
+# one out (true/false). Its own memory is capped (RLIMIT_AS), so an answer like
+# 2^{2^{40}} fails there with MemoryError instead of pushing the machine into swap.
+_MATH_VERIFY_WORKER = r"""
+import json, resource, sys
+from math_verify import parse, verify
 
-    math-verify times out with ``signal.alarm``, which only works in the main thread; in
-    a worker thread we turn its timeout off and rely on the short-input cap instead (and
-    silence the warning math-verify logs about it once per process: we chose it).
-    """
-    from math_verify import parse, verify  # sympy is slow to import: only when needed
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    if timeout is None:
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+def equal(reference, answer):
     try:
-        gold = parse(f"${reference}$", parsing_timeout=timeout)
-        pred = parse(f"${predicted}$", parsing_timeout=timeout)
-        return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout))
-    except Exception:  # math-verify is a best-effort second opinion, never a crash
+        gold, pred = parse(f"${reference}$", parsing_timeout=None), parse(f"${answer}$", parsing_timeout=None)
+        return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
+    except Exception:  # math-verify is a best-effort second opinion
         return False
+
+equal("1/2", "0.5")  # the first check imports the rest of sympy: do it before we are timed
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+print("ready", flush=True)
+for line in sys.stdin:
+    print(json.dumps(equal(*json.loads(line))), flush=True)
+"""
+
+
+class _MathVerifyWorker:
+    """One math-verify process shared by every thread; a check that runs too long kills it.
+
+    Checks take turns (a lock): a thread waits for the ones before it, each at most
+    ``MATH_VERIFY_SECONDS``, and the wait is not counted in its own time. Starting the
+    worker (importing sympy, about 1 s) is not counted either; after a kill the next
+    check starts a new one. The worker ends with us: its stdin closes.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", _MATH_VERIFY_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        if proc.stdout.readline() != "ready\n":  # math-verify missing, or the import failed
+            proc.kill()
+            proc.wait()
+            raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
+        return proc
+
+    def equal(self, reference: str, answer: str, seconds: float) -> bool | None:
+        """math-verify's verdict on ``answer == reference``, or None when it ran past ``seconds`` (then killed)."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = self._start()
+            self.proc.stdin.write(json.dumps([reference, answer]) + "\n")
+            self.proc.stdin.flush()
+            if select.select([self.proc.stdout], [], [], seconds)[0]:
+                line = self.proc.stdout.readline()
+                if line:
+                    return json.loads(line)
+            self.proc.kill()  # still computing (or it died, e.g. of its memory cap): a new worker next time
+            self.proc.wait()
+            self.proc = None
+            return None
+
+
+_math_verify = _MathVerifyWorker()
 
 
 def judge_answer(text: str, reference: str | None) -> dict:
@@ -266,7 +327,11 @@ def judge_answer(text: str, reference: str | None) -> dict:
     * ``"wrong_number"``: a number was found and it is not the reference
     * ``"wrong_answer"``: an answer was found that is not a plain number and math-verify
       did not find it equal to the reference (``"x+1"``, ``"forty"``)
+    * ``"check_timeout"``: math-verify was still computing after ``MATH_VERIFY_SECONDS``
+      (``9^{9^{9}}``) and was cut; counted as wrong
     * ``"no_answer"``: nothing that looks like an answer
+
+    Never raises on ``text``, and returns within ``MATH_VERIFY_SECONDS`` of checking.
     """
     found = extract_answer(text, lenient=True)
     if found.how == "none" or not found.text:
@@ -277,11 +342,14 @@ def judge_answer(text: str, reference: str | None) -> dict:
     if found.value is not None and reference_value is not None:
         correct = answers_match(found.value, reference_value)
     elif reference is not None and len(found.text) <= MATH_VERIFY_MAX_CHARS:
-        correct = _math_verify_equal(reference, found.text)  # "1/2" vs "0.5", "\\frac{3}{4}", non-numeric golds
+        correct = _math_verify.equal(reference, found.text, MATH_VERIFY_SECONDS)  # "1/2" vs "0.5", "\\frac{3}{4}", non-numeric golds
     else:
         correct = False
     if found.value is not None:
         judged["predicted"] = format_number(found.value)  # canonical: "$1,000.00" -> "1000"
-    judged["correct"] = correct
-    judged["verdict"] = "correct" if correct else ("wrong_number" if found.value is not None else "wrong_answer")
+    judged["correct"] = bool(correct)
+    if correct is None:
+        judged["verdict"] = "check_timeout"
+    else:
+        judged["verdict"] = "correct" if correct else ("wrong_number" if found.value is not None else "wrong_answer")
     return judged

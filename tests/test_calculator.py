@@ -93,3 +93,20 @@ def test_evaluate_raises_and_calculate_never_does():
         evaluate("y")
     for bad in [None, [], {"a": 1}, "\x00", "((((", ")" * 50, "\udcff", 10**5000, -(10**5000), float("inf"), float("nan")]:
         assert calculate(bad).startswith("error: "), bad
+
+
+@pytest.mark.parametrize("expression", [
+    "-" * 199 + "1", "(" * 99 + "1" + ")" * 99, "1" + "**1" * 66, "9**999//7%8**999+9**999//11", "(1/7)**999+(1/11)**999",
+    "/".join(["(7**350)"] * 20)[:200], "1e308*1e308", "9" * 200, "(10**999-1)/(10**998+1)*(10**997+3)", "2**-999*3**-999",
+    "+".join(f"1/{p}" for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)),
+], ids=range(11))
+def test_every_input_is_judged_within_milliseconds(expression):
+    """Model text cannot stall the calculator: the slowest inputs we found, each at most 200 characters."""
+    start = time.perf_counter()
+    calculate(expression)
+    assert time.perf_counter() - start < 0.05  # under 1 ms each here
+
+
+def test_huge_non_integers_are_shown_exactly():
+    assert calculate("(10**600+1)/2").endswith("00000.5")  # past a float's range: printed in integers, not through float
+    assert calculate("-1/3") == "-0.3333333333" and calculate("-1/10**11") == "0"

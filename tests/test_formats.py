@@ -1,13 +1,16 @@
 """Tests for helpers.formats: number parsing, answer extraction, tool-call parsing."""
 
 import json
+import threading
 import time
 from fractions import Fraction
 
 import pytest
 
+from helpers import formats
 from helpers.formats import (
     ANSWER_INSTRUCTION,
+    MATH_VERIFY_SECONDS,
     MAX_NUMBER_CHARS,
     answers_match,
     between,
@@ -19,6 +22,7 @@ from helpers.formats import (
     parse_tool_calls,
     to_number,
 )
+from helpers.rewards import check_answer
 
 
 @pytest.mark.parametrize(
@@ -176,3 +180,47 @@ def test_judge_answer_lives_here_only():
 
     assert judge_answer("<answer>4042</answer>", "4042")["correct"]
     assert not hasattr(helpers.envs, "judge_answer")  # one home: helpers.formats
+
+
+# --- no answer can stall the loop: math-verify is cut at MATH_VERIFY_SECONDS -----------------------
+
+# Each took sympy from 7 s to "not done after 25 s" in a thread, holding the GIL (helpers.formats docstring).
+PATHOLOGICAL = ["9^{9^{9}}", "2^{2^{2^{5}}}", "10^{10^{7}}", "(10^{6})!", "\\binom{10^{6}}{500000}", "\\sqrt{2}^{10^{9}}", "2^{2^{40}}"]
+STARTUP = 10.0  # a (re)started worker imports sympy first (about 1 s here); that is not counted in the check's limit
+
+
+def test_pathological_answers_are_cut_with_a_named_verdict(monkeypatch):
+    monkeypatch.setattr(formats, "MATH_VERIFY_SECONDS", 0.5)  # the limit is read at each check; shorter here to keep the test short
+    judge_answer("<answer>x</answer>", "0.5")  # start the worker
+    for answer, judge in [(answer, judge_answer) for answer in PATHOLOGICAL] + [(PATHOLOGICAL[0], check_answer), (PATHOLOGICAL[4], check_answer)]:
+        start = time.monotonic()
+        judged = judge(f"so <answer>{answer}</answer>", "0.5")  # check_answer: the outcome check of every world's reward
+        assert time.monotonic() - start < 0.5 + STARTUP, answer
+        assert judged["verdict"] == "check_timeout" and judged["correct"] is False, (answer, judged)
+    start = time.monotonic()
+    assert judge_answer("<answer>\\frac{1}{2}</answer>", "0.5")["verdict"] == "correct"  # the next check: a fresh worker
+    assert judge_answer("<answer>x+1</answer>", "0.5")["verdict"] == "wrong_answer"
+    assert time.monotonic() - start < STARTUP
+
+
+def test_a_check_in_a_worker_thread_leaves_the_other_threads_running():
+    """The freeze of issue 28: sympy held the GIL, so no thread could even time the check out."""
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (judge_answer("<answer>9^{9^{9}}</answer>", "5"), done.set()))
+    start = time.monotonic()
+    worker.start()
+    gaps, last = [], start
+    while not done.wait(0.05):
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    assert time.monotonic() - start < MATH_VERIFY_SECONDS + STARTUP
+    assert gaps and max(gaps) < 0.5  # this thread kept getting the GIL every 50 ms or so
+
+
+def test_format_number_is_exact_past_a_floats_range():
+    big = Fraction(10**400 * 2 + 1, 2)  # an answer of 401 digits and .5: float() overflows
+    assert format_number(big) == "1" + "0" * 400 + ".5"
+    assert judge_answer("<answer>1" + "0" * 400 + ".5</answer>", "3")["verdict"] == "wrong_number"
+    assert format_number(Fraction(1, 3)) == "0.3333333333" and format_number(Fraction(-2, 3)) == "-0.6666666667"
