@@ -27,13 +27,13 @@ an env "covers" parsing: parsing is fast by construction, so it needs no timer.
 
 The one judgement that is not fast by construction is math-verify's symbolic check
 (an answer like ``1/2`` against ``0.5``): sympy computes what it is given, and a short
-answer can cost without bound (measured in a thread, LOG.md 2026-12-02:
-``10^{10^{7}}`` 8.8 s, ``(10^{6})!`` 7.1 s, ``\\sqrt{2}^{10^{9}}`` 7.9 s,
-``2^{2^{2^{5}}}``, ``9^{9^{9}}`` and ``\\binom{10^{6}}{500000}`` more than 25 s, holding
-the GIL all along, so no thread timer could cut them). A list of refused shapes cannot
-be complete (powers, factorials, binomials, roots...), so the check runs in a worker
-process that is killed at ``MATH_VERIFY_SECONDS``: the verdict is then
-``"check_timeout"``, counted as wrong.
+answer can cost without bound. Measured in a thread (2026-12-02): ``10^{10^{7}}`` 8.8 s,
+``(10^{6})!`` 7.1 s, ``\\sqrt{2}^{10^{9}}`` 7.9 s; ``2^{2^{2^{5}}}``, ``9^{9^{9}}`` and
+``\\binom{10^{6}}{500000}`` more than 25 s, holding the GIL all along, so no thread
+timer could cut them. A list of refused shapes cannot be complete (powers, factorials,
+binomials, roots...), so the check runs in a worker process that is killed at
+``MATH_VERIFY_SECONDS``: the verdict is then ``"check_timeout"``, counted as wrong. The
+cut costs the limit plus a restart of the worker (0.35 s).
 """
 
 from __future__ import annotations

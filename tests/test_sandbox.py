@@ -1,7 +1,11 @@
 """The sandbox: hostile programs end within their limits with a clear error, and we survive.
 
 The attack tests at the end run against the real OS boundary (bwrap) with the audit hook
-switched off or emptied from inside, as an attacker would; they skip where bwrap cannot run.
+switched off or emptied from inside, as an attacker would, with this interpreter and with
+the interpreter of a fresh ``python -m venv`` (a link into its base install: what most
+users run). They skip where bwrap cannot run, and fail instead in CI (``CI=true``), where
+bubblewrap is installed: a boundary test that silently skips proves nothing.
+The totals per episode, and a normal user's run, are in ``tests/test_sandbox_totals.py``.
 """
 
 import os
@@ -18,8 +22,43 @@ from helpers.sandbox import SANDBOX_UID, Limits, SandboxUnavailable, os_isolatio
 FAST = Limits(wall_seconds=3.0, cpu_seconds=2)
 NO_HOOK = Limits(wall_seconds=5.0, cpu_seconds=3, audit=False)  # the hook switched off: only the OS boundary holds
 BOUNDARY = os_isolation()
-needs_boundary = pytest.mark.skipif(not BOUNDARY, reason=f"no OS boundary here: {sandbox._boundary_problem(sys.executable)}")
-UNSAFE = not BOUNDARY  # without the boundary, the tests of layers 4-6 still run (allow_unsafe, with its warning)
+UNSAFE = not BOUNDARY  # without the boundary, the tests of layers 5-7 still run (allow_unsafe, with its warning)
+
+
+def require_boundary(python=sys.executable):
+    """Skip a test of the OS boundary where bwrap cannot run for ``python``; in CI, fail instead."""
+    problem = sandbox._boundary_problem(python)
+    if problem is not None:
+        message = f"no OS boundary here for {python}: {problem}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI installs bubblewrap: the boundary tests must run there)")
+        pytest.skip(message)
+
+
+@pytest.fixture
+def boundary():
+    require_boundary()
+
+
+needs_boundary = pytest.mark.usefixtures("boundary")
+
+
+@pytest.fixture(scope="session")
+def venv_python(tmp_path_factory):
+    """The interpreter of a fresh ``python -m venv`` (with the system's packages): a link, as users have it."""
+    venv = tmp_path_factory.mktemp("venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    assert python.is_symlink()  # what made the venv's folder go unmounted (issue 28)
+    return str(python)
+
+
+@pytest.fixture(params=["this interpreter", "a fresh venv"])
+def python(request):
+    """The interpreter a boundary test runs under: ours, then a fresh venv's; the boundary required for each."""
+    python = sys.executable if request.param == "this interpreter" else request.getfixturevalue("venv_python")
+    require_boundary(python)
+    return python
 
 # Empty the audit hook's deny sets from inside, as the issue's attacker did (gc finds the hook's sets).
 CLEAR_HOOK = """
@@ -52,17 +91,23 @@ def test_layers_are_reported():
     assert layers == run("pass").layers and layers[-1] == "audit hook"
     assert "audit hook" not in sandbox_layers(limits=NO_HOOK)
     if BOUNDARY:
-        assert layers[0].startswith("namespaces (") and f"uid {SANDBOX_UID}, no capabilities" in layers
+        assert layers[0].startswith("namespaces (") and "no capabilities, no new user namespaces" in layers[2]
 
 
-@needs_boundary
-def test_runs_isolated_in_an_empty_folder_we_delete(monkeypatch):
+def inside_uid(result) -> str:
+    """The uid the code saw: 65534 in its user namespace, or (as root) the episode's own, as ``result.user`` says."""
+    return result.user.split()[1]
+
+
+def test_runs_isolated_in_an_empty_folder(monkeypatch, python):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2")
-    result = run("import os, sys\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))\nprint(dict(os.environ))\nprint(sys.flags.isolated)\nprint(os.getuid())")
+    result = run_python("import os, sys\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))\nprint(dict(os.environ))\nprint(sys.flags.isolated)\n"
+                        "print(os.getuid())", files={"data.txt": "x"}, python=python)
     cwd, listing, environ, isolated, uid = result.stdout.splitlines()
-    assert cwd == "/sandbox" and listing == "['main.py']"
+    assert cwd == "/sandbox" and listing == "['data.txt', 'main.py']"
     assert "hunter2" not in result.stdout and "SECRET_TOKEN" not in environ
-    assert isolated == "1" and uid == str(SANDBOX_UID) and result.user == "nobody"
+    assert isolated == "1" and uid == inside_uid(result) and int(uid) != 0
+    assert uid == str(SANDBOX_UID) if os.geteuid() != 0 else int(uid) >= sandbox.EPISODE_UID_BASE
 
 
 def test_infinite_loop_ends_at_the_wall_clock():
@@ -146,6 +191,14 @@ def test_standard_library_only_unless_asked():
     assert run("import numpy; print('ok')", limits=Limits(site_packages=True)).stdout == "ok\n"
 
 
+def test_a_venvs_interpreter_runs_behind_the_boundary(python):
+    """Issue 28: from a venv, bwrap could not find the interpreter ("execvp .../.venv/bin/python")."""
+    result = run_python("import sys; print(sys.prefix == sys.base_prefix)", python=python, limits=FAST)
+    assert result.ok and result.stdout == "True\n", result  # -S: no site, so no venv prefix inside
+    result = run_python("import sys, numpy; print(sys.prefix)", python=python, limits=Limits(site_packages=True))
+    assert result.ok and result.stdout.strip() == os.path.dirname(os.path.dirname(python)), result  # the venv's own prefix
+
+
 def test_no_boundary_needs_allow_unsafe_and_warns_every_run(monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "_boundary_problem", lambda python: "bwrap is not installed (test)")
     with pytest.raises(SandboxUnavailable, match="allow_unsafe=True"):
@@ -168,8 +221,7 @@ def sleeper():
     proc.wait()
 
 
-@needs_boundary
-def test_signals_cannot_reach_our_processes(sleeper):
+def test_signals_cannot_reach_our_processes(sleeper, python):
     code = f"""
 import os, signal
 for attempt in (lambda: os.kill({sleeper.pid}, 9), lambda: signal.pidfd_send_signal(os.pidfd_open({sleeper.pid}), 9),
@@ -180,7 +232,7 @@ for attempt in (lambda: os.kill({sleeper.pid}, 9), lambda: signal.pidfd_send_sig
     except OSError as e:
         print("refused", type(e).__name__)
 """
-    result = run(code, limits=NO_HOOK)
+    result = run_python(code, limits=NO_HOOK, python=python)
     assert result.stdout.count("refused ProcessLookupError") == 4, result  # even kill(-1): no process of ours exists in there
     time.sleep(0.2)
     assert sleeper.poll() is None  # still alive
@@ -215,8 +267,7 @@ for pid in (p for p in os.listdir('/proc') if p.isdigit()):
     assert "s3cr3t-value" not in result.stdout and "SANDBOX_TEST_SECRET" not in result.stdout
 
 
-@needs_boundary
-def test_nothing_outside_the_folder_can_be_created(tmp_path):
+def test_nothing_outside_the_folder_can_be_created(tmp_path, python):
     (tmp_path / "keep.txt").write_text("unchanged")
     before = sorted(os.listdir(tmp_path))
     targets = [str(tmp_path / "x"), "/x", "/usr/x", "/tmp/x", "/dev/shm/x", "/proc/x", "/root/x"]
@@ -243,15 +294,14 @@ for target in targets:
             print('refused', name, target, type(e).__name__)
 print(os.listdir('.'))
 """
-    result = run(code, limits=NO_HOOK)
+    result = run_python(code, limits=NO_HOOK, python=python)
     assert "CREATED" not in result.stdout, result.stdout
     assert result.stdout.count("refused") == len(targets) * 8
     assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "keep.txt").read_text() == "unchanged"
     assert not os.path.exists("/x") and not os.path.exists("/tmp/x")
 
 
-@needs_boundary
-def test_clearing_the_hook_gains_nothing(tmp_path):
+def test_clearing_the_hook_gains_nothing(tmp_path, python):
     marker = tmp_path / "marker"
     marker.write_text("before")
     code = CLEAR_HOOK + f"""
@@ -276,9 +326,9 @@ for address in (('1.1.1.1', 53), ('127.0.0.1', 9)):
         print('no network', e.errno)
 print('interfaces:', sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))
 """
-    result = run(code, limits=NO_HOOK)
-    out = result.stdout
-    assert f"id: {SANDBOX_UID}" in out and f"uid: {SANDBOX_UID} {SANDBOX_UID}" in out, result  # it may fork now, as nobody
+    result = run_python(code, limits=NO_HOOK, python=python)
+    out, uid = result.stdout, inside_uid(result)
+    assert f"id: {uid}" in out and f"uid: {uid} {uid}" in out and uid != "0", result  # it may fork now, as nobody
     assert "caps: ['0000000000000000']" in out and "nnp: ['1']" in out
     assert "DID IT" not in out and out.count("refused") == 3
     assert "CONNECTED" not in out and out.count("no network") == 2 and "interfaces: ['lo']" in out
