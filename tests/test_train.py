@@ -51,7 +51,7 @@ def test_env_class_trains_with_a_class_that_imports_nothing_from_helpers(tmp_pat
     episodes = load_trajectories(result.run_dir / "eval" / "step-0001.trajectories.jsonl")
     assert all(set(t.info["env_reward"]) == {"MyShop"} for t in episodes)  # MyShop ran every held-out episode
     prompt = load_tokenizer(result.config.model).decode(episodes[0].token_ids[: episodes[0].prompt_len])
-    assert "Tools: calculator(expression), lookup(item), usual()" in prompt  # its tools, from its methods, in TRL's order
+    assert "Tools: usual(), lookup(item), calculator(expression)" in prompt  # its tools, from its methods, in the template's order
 
 
 @pytest.mark.parametrize("spec, reason", [

@@ -20,9 +20,8 @@ rollout and reward code serves the tiny models and Qwen:
 Simplifications, named:
 
 * Tools are listed as ONE short line (``Tools: calculator(expression)``: each
-  tool's name and argument names, in the order the caller passes them; TRL passes an
-  environment's tools sorted by name) instead of Qwen's long JSON tool preamble, which
-  would make every CPU prompt several hundred tokens long.
+  tool's name and argument names, sorted by name from last to first, see CHAT_TEMPLATE) instead
+  of Qwen's long JSON tool preamble, which would make every CPU prompt several hundred tokens long.
 * No default system prompt is inserted when the messages have none (Qwen inserts
   "You are Qwen, ...").
 * Assistant tool calls are written by the model as plain text in ``content`` (the format of
@@ -53,12 +52,15 @@ VOCAB_SIZE = 512  # at most: 9 special tokens + 256 bytes + merges (training sto
 
 # Qwen2.5's roles and tool format; {% generation %} marks the tokens the model writes
 # (assistant content + <|im_end|>), so apply_chat_template(return_assistant_tokens_mask=True)
-# gives the SFT loss mask directly.
+# gives the SFT loss mask directly. The tools line lists the tools in one fixed order, by name
+# from last to first, whatever order the caller passes them in: TRL passes an environment's tools
+# sorted by name (first to last), and the shop's warm start was trained on "usual, lookup,
+# calculator", the order an episode uses them; so TRL's prompt and ours are the same text.
 CHAT_TEMPLATE = (
     "{%- if tools %}"
-    "{%- set ns = namespace(line='Tools:') %}"
-    "{%- for tool in tools %}"
-    "{%- set fn = tool.function if tool.function is defined else tool %}"
+    "{%- set ns = namespace(line='Tools:', functions=[]) %}"
+    "{%- for tool in tools %}{%- set ns.functions = ns.functions + [tool.function if tool.function is defined else tool] %}{%- endfor %}"
+    "{%- for fn in ns.functions | sort(attribute='name', reverse=true) %}"
     "{%- set ns.line = ns.line + (' ' if loop.first else ', ') + fn.name + '(' + (fn.parameters.properties | list | join(', ')) + ')' %}"
     "{%- endfor %}"
     "{{- '<|im_start|>system\\n' }}"

@@ -8,7 +8,7 @@ what every item costs are drawn per task (``task.metadata``, read only by the en
 nothing can be memorised; ``ShopEnv`` (``env.py``) is the env. One episode, in the
 tiny tokenizer's chat format (the Qwen2.5 tool format):
 
-    <|im_start|>system\\nFind the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>.\\nTools: calculator(expression), lookup(item), usual()<|im_end|>\\n
+    <|im_start|>system\\nFind the customer's item, look up its price, then use the calculator. Answer as <answer>N</answer>.\\nTools: usual(), lookup(item), calculator(expression)<|im_end|>\\n
     <|im_start|>user\\nWhat do 3 of my usual items cost?<|im_end|>\\n
     <|im_start|>assistant\\n<tool_call>\\n{"name": "usual", "arguments": {}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n{"item": "pen"}\\n</tool_response><|im_end|>\\n
@@ -69,8 +69,9 @@ Simplifications, named:
   one-call world's (``helpers.worlds.tinymodel``, ``helpers.sft``); only the tasks (and so the
   vocabulary) differ.
 
-The tools are listed in the prompt in the order TRL lists an environment's tools (by name), so
-the prompt is the same in this workbook's loop and in TRL's ``GRPOTrainer``.
+The tiny chat template lists the tools in one fixed order whatever order the caller passes them in
+(``helpers.worlds.tinymodel.CHAT_TEMPLATE``), so the prompt is the same text in this workbook's loop
+and in TRL's ``GRPOTrainer``, and the one the warm start was trained on.
 """
 
 from helpers.worlds.shop import env, presets, tasks  # noqa: F401  (register "shop", "tiny-agent" and the preset)

@@ -156,7 +156,7 @@ def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> di
     rng = random.Random(recipe["seed"])
     flaws = [demonstrator_flaw(task, rng) for task in tasks]
     conversations = [demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
-    tools = tool_schemas(ShopEnv())  # in TRL's order (by name), as the prompt lists them in both loops
+    tools = tool_schemas(ShopEnv())  # the template lists them usual, lookup, calculator whatever their order here
     tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe["vocab_size"])
     model = new_model(tokenizer, recipe["seed"])
     if recipe["warm_start"]:
