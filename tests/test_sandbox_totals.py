@@ -221,6 +221,13 @@ result = run_python("import os; print(os.getuid(), os.getcwd())")
 print("inside:", result.stdout.strip(), result.user)
 result = run_python("import subprocess; print(subprocess.run(['unshare', '-Urm', 'true']).returncode)", limits=Limits(audit=False))
 print("unshare:", result.stdout.strip())
+# RLIMIT_NPROC counts the episode's user namespace only, not our user's 25 processes
+import subprocess
+outside = [subprocess.Popen(["sleep", "30"]) for _ in range(24)]
+result = run_python({innocent!r}, limits=Limits(max_processes=16))
+print("threads:", result.stdout.strip())
+for process in outside:
+    process.kill()
 # without the boundary: a folder in the temp directory, which the code makes hard to delete
 code = "import os; os.makedirs('a/b'); open('a/b/f', 'w').write('x'); os.chmod('a/b', 0o500); os.chmod('a', 0o500); print('locked')"
 sandbox._boundary_problem.cache_clear()
@@ -244,13 +251,14 @@ def test_a_normal_users_run(tmp_path):
     """Root runs the suite in CI; the normal user's path (a user namespace, no cgroup) runs here as uid 54321."""
     tmp_path.chmod(0o777)
     python = interpreter_for(54321)
-    done = subprocess.run([python, "-c", NORMAL_USER.format(repo=str(REPO))], user=54321, group=54321, extra_groups=[], capture_output=True,
+    done = subprocess.run([python, "-c", NORMAL_USER.format(repo=str(REPO), innocent=INNOCENT)], user=54321, group=54321, extra_groups=[], capture_output=True,
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}, cwd=tmp_path)
     lines = done.stdout.splitlines()
     assert lines[0] == "layers: namespaces (user namespace, pid, net, ipc, uts, mount) by bwrap | no cgroup: memory bounded per process only", done
     assert lines[1] == "inside: 65534 /sandbox uid 65534 in a user namespace", done
     assert lines[2] == "unshare: 1", done
-    assert lines[3] == "unsafe: locked []", done  # its folder, chmod 0500 inside, is gone
+    assert lines[3] == "threads: 8 threads", done
+    assert lines[4] == "unsafe: locked []", done  # its folder, chmod 0500 inside, is gone
 
 
 # --- nothing left behind when the trainer is killed ------------------------------------------------------
