@@ -1,4 +1,4 @@
-"""TRL, in one place: the config mapping, the reward adapter, and the loss cross-check.
+"""TRL, in one place: the config mapping, the reward adapter, a world in TRL's tool loop, and the loss cross-check.
 
 The workbook writes GRPO out by hand (``helpers.grpo``) so a reader can see every line,
 and checks it against the library the field uses, TRL's ``GRPOTrainer``. Everything that
@@ -6,11 +6,13 @@ touches TRL lives here, so the rest of ``helpers`` runs (and reads) without it:
 
     args = grpo_config(config, "runs/trl")                # TrainConfig -> trl.GRPOConfig, one mapping
     funcs, weights = reward_funcs(config)                 # the preset's rewards in TRL's reward_funcs form
+    trainer = grpo_trainer(config, model, tokenizer, tasks, "runs/trl", environment=environment_factory(config))
+    trainer.train()                                       # a world, multi-turn, in TRL's own GRPOTrainer
     result = compare_with_trl(trainer, tokenizer, tasks)  # the same batch through both losses
 
-The scale-out script (``scripts/trl_multi_gpu.py``), the tests (``tests/test_grpo_trl.py``)
-and the benchmark (``python -m helpers.bench grpo``) all build TRL's config with
-``grpo_config``: one mapping, so a setting cannot mean one thing here and another there.
+The scale-out script (``scripts/trl_multi_gpu.py``), the tests (``tests/test_grpo_trl.py``,
+``tests/test_trl_env.py``) and the benchmark (``python -m helpers.bench grpo``) all build TRL's
+config with ``grpo_config``: one mapping, so a setting cannot mean one thing here and another there.
 The LoRA side of the mapping is ``helpers.grpo.lora_config`` (peft, not TRL), which
 ``LoRAGRPO`` uses too.
 
@@ -67,11 +69,12 @@ def batch_split(config: TrainConfig, processes: int = 1) -> tuple[int, int]:
     return completions // config.grad_accum, config.grad_accum // processes
 
 
-def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1, **overrides):
+def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1, multi_turn: bool = False, **overrides):
     """``config`` as a ``trl.GRPOConfig``: the same loss, clip, beta, batch, optimizer and schedule.
 
     ``processes`` shares one optimizer step between data-parallel trainers (``accelerate
-    launch``); ``overrides`` sets TRL-only options (``use_vllm=True``, ``vllm_mode="server"``,
+    launch``); ``multi_turn`` maps the episode limits for TRL's tool loop (an env with tools);
+    ``overrides`` sets TRL-only options (``use_vllm=True``, ``vllm_mode="server"``,
     ``save_steps``, ...) on top.
     """
     GRPOConfig = import_trl().GRPOConfig
@@ -115,6 +118,12 @@ def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1,
         disable_tqdm=True,
     )
     args[checkpointing] = config.gradient_checkpointing
+    if multi_turn:
+        # TRL's completion is then the whole episode (every turn and every tool reply), and each
+        # tool-calling round is one more turn: env_max_steps turns are env_max_steps - 1 rounds.
+        # Simplifications, named: our max_total_tokens counts the prompt too, TRL's budget does not
+        # (so TRL's is larger by the prompt); and TRL has no per-turn cap like max_new_tokens.
+        args.update(max_completion_length=config.max_total_tokens, max_tool_calling_iterations=config.env_max_steps - 1)
     return GRPOConfig(**{**args, **overrides})
 
 
@@ -176,7 +185,78 @@ def trajectory_from_text(prompt, completion, row: dict | None = None, token_ids=
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. The same batch through TRL's GRPOTrainer (test, notebook 05, benchmark)
+# 3. A world in TRL's GRPOTrainer: its tasks as rows, its env as environment_factory
+# ----------------------------------------------------------------------------------------------
+
+
+def trl_dataset(tasks: list[Task]):
+    """``tasks`` as TRL's training dataset: one row per task (``Task.row``: ``prompt``, ``answer`` and
+    the task's metadata, such as the shop's hidden ``item`` and ``prices``). TRL passes every column
+    to the env's ``reset(**row)``, as our loop does, and to each reward function."""
+    from datasets import Dataset
+
+    return Dataset.from_list([task.row() for task in tasks])
+
+
+def environment_factory(config: TrainConfig) -> Callable | None:
+    """TRL's ``environment_factory`` for ``config.env``: a function that makes the registered env,
+    bare (``helpers.envs.new_env``, with the constructor's options of ``config.env_kwargs``), or
+    None when that env has no tools (a single-turn world: TRL needs only the reward functions).
+    Our loop's adapter (``Episode``) and its limits stay out: TRL's tool loop does that part."""
+    from helpers.envs import LIMITS, new_env, tool_methods
+
+    options = {key: value for key, value in config.env_kwargs.items() if key not in LIMITS}
+
+    def make():
+        return new_env(config.env, **options)
+
+    return make if tool_methods(make()) else None
+
+
+def add_tool_parser(tokenizer) -> None:
+    """Let TRL read the tiny models' tool calls: give their tokenizer a response template.
+
+    TRL turns each generated turn back into a message (``content`` and ``tool_calls``) with the
+    tokenizer's response parser. It ships parsers only for chat templates it knows (Qwen2.5's is
+    one, so the GSM8K models need nothing) and refuses the tiny models' own template
+    (``helpers.worlds.tinymodel.CHAT_TEMPLATE``). That template writes Qwen2.5's tool format, so
+    the parser TRL gives Qwen2.5 (its Qwen3 one) reads it. Any other template is left to TRL.
+    (This new-style parser needs transformers >= 5.13.)
+    """
+    from trl.chat_template_utils import qwen3_template
+
+    from helpers.worlds.tinymodel import CHAT_TEMPLATE
+
+    if tokenizer.chat_template == CHAT_TEMPLATE:
+        tokenizer.response_template = qwen3_template
+
+
+def grpo_trainer(config: TrainConfig, model, tokenizer, tasks: list[Task], output_dir: str | Path, processes: int = 1,
+                 environment: Callable | None = None, **overrides):
+    """TRL's own ``GRPOTrainer`` on a workbook world: ``tasks`` as its dataset (``trl_dataset``),
+    the preset's rewards, GRPO and LoRA settings, and, for a multi-turn world, ``environment``
+    as its ``environment_factory`` (an env class, or ``environment_factory(config)``): TRL then
+    runs the episodes itself, calling the env's tool methods and masking their replies out of
+    the loss (``tool_mask``). ``overrides`` are TRL-only GRPOConfig options.
+    """
+    from helpers.grpo import lora_config
+
+    GRPOTrainer = import_trl().GRPOTrainer
+
+    multi_turn = environment is not None
+    if multi_turn:
+        add_tool_parser(tokenizer)
+    funcs, weights = reward_funcs(config)
+    args = grpo_config(config, output_dir, processes, multi_turn=multi_turn, reward_weights=weights, **overrides)
+    with warnings.catch_warnings():  # environment_factory is marked experimental in TRL 1.16: we know, and test it
+        warnings.filterwarnings("ignore", message="You are using 'environment_factory'")
+        return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=funcs, args=args,
+                           train_dataset=trl_dataset(tasks), peft_config=lora_config(config),
+                           environment_factory=environment)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The same batch through TRL's GRPOTrainer (test, notebook 05, benchmark)
 # ----------------------------------------------------------------------------------------------
 
 

@@ -1,11 +1,15 @@
-"""Scaling out: the workbook's data, rewards and presets driving TRL's GRPOTrainer on several processes.
+"""Scaling out: the workbook's data, envs, rewards and presets driving TRL's GRPOTrainer on several processes.
 
 Our own loop (helpers.train) is one process on one card. When you outgrow that, do not
 grow it into a distributed trainer: hand the same pieces to TRL, whose GRPOTrainer
 already runs on many GPUs with accelerate (DDP, DeepSpeed, FSDP) and samples with a
 vLLM *server* on cards of its own. The pieces that carry over unchanged:
 
-    dataset   the preset's training split (helpers.data.load_dataset) -> {"prompt": messages, "answer": "18"} rows
+    dataset   the preset's training split (helpers.data.load_dataset) -> rows of prompt, answer and the task's
+              metadata (helpers.trl_compat.trl_dataset): {"prompt": messages, "answer": "141", "item": "pen", ...}
+    env       a world with tools (the shop, the calculator) is multi-turn: its registered env goes to TRL as
+              environment_factory, and TRL's tool loop calls the env's tool methods, episode by episode
+              (helpers.trl_compat.environment_factory); a world without tools (GSM8K's math env) is single turn
     rewards   the preset's own rewards (config.rewards, name -> weight), helpers.trl_compat.reward_funcs
     settings  the preset's TrainConfig -> GRPOConfig and LoraConfig: helpers.trl_compat.grpo_config and
               helpers.grpo.lora_config, the one mapping the tests and the benchmark use too
@@ -15,10 +19,16 @@ Run it on GPUs (here 3: GPU 0 samples with a vLLM server, GPUs 1-2 train):
     CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct --max-model-len 768 &
     CUDA_VISIBLE_DEVICES=1,2 accelerate launch --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-24gb
 
-Run it on a CPU, on the tiny world, two training processes (what CI runs, tests/test_scale_out.py;
-the smoke preset's 4 completions a step are one micro-batch, ``--grad-accum 2`` makes one per process):
+Run it on a CPU, two training processes (what CI runs, tests/test_scale_out.py). The GSM8K
+smoke preset, single turn (its 4 completions a step are one micro-batch, ``--grad-accum 2``
+makes one per process):
 
     accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-cpu-smoke --grad-accum 2
+
+The multi-turn shop world, its tiny agent calling usual, lookup and calculator inside TRL's
+tool loop (2 steps of 2 tasks x 2 episodes, one micro-batch per process):
+
+    accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-agent --steps 2 --tasks-per-step 2 --num-generations 2 --grad-accum 2
 
     python scripts/trl_multi_gpu.py --preset gsm8k-24gb --dataset gsm8k-sample --dry-run   # build, print, train nothing
 
@@ -39,10 +49,12 @@ when it does not fit, says which counts do, before anything is loaded. The per-p
 share is the same update as one process: tests/test_scale_out.py checks that two
 processes and one, on the same batch, end the step with the same adapter weights.
 
-Simplifications, named: single turn only (TRL's tool loop needs a ``response_schema`` on
-the tokenizer, which the tiny tokenizer lacks; multi-turn presets run their first turn
-only here); no evaluation (evaluate the saved adapter with helpers.evaluate, as notebook
-07 does: same tasks, same env, same numbers).
+Episodes: TRL's completion is the whole episode, up to ``env_max_steps - 1`` tool-calling
+rounds within ``max_total_tokens`` (helpers.trl_compat.grpo_config says how the limits map).
+
+Simplifications, named: no evaluation (evaluate the saved adapter with helpers.evaluate, as
+notebook 07 does: same tasks, same env, same numbers); TRL's episode limits are close to ours,
+not equal (no per-turn token cap; the prompt is not counted in the token budget).
 """
 
 from __future__ import annotations
@@ -68,19 +80,16 @@ def generation_options(generation: str, host: str, port: int) -> dict:
     return dict(use_vllm=False)  # transformers' generate, in every training process
 
 
-def trl_dataset(config: TrainConfig):
-    """The preset's training tasks as TRL rows: the chat prompt, and the answer as a column TRL
-    passes to the reward functions. (The held-out split is for helpers.evaluate afterwards.)"""
-    from datasets import Dataset
-
+def training_tasks(config: TrainConfig):
+    """The preset's training tasks (the held-out split is for helpers.evaluate afterwards)."""
     from helpers.data import load_dataset
 
-    tasks = load_dataset(config.dataset, "train", config.max_train_tasks, seed=config.seed)
-    return Dataset.from_list([{"prompt": t.prompt, "answer": t.answer, "id": t.id} for t in tasks])
+    return load_dataset(config.dataset, "train", config.max_train_tasks, seed=config.seed)
 
 
 def build_trainer(config: TrainConfig, output_dir: str, processes: int, **overrides):
-    """A TRL ``GRPOTrainer`` for ``config``: its model, tasks, rewards, GRPO and LoRA settings.
+    """A TRL ``GRPOTrainer`` for ``config``: its model, tasks, env (when it has tools), rewards,
+    GRPO and LoRA settings (helpers.trl_compat.grpo_trainer).
 
     ``overrides`` are TRL-only GRPOConfig options (where to sample, logging, saving).
     Seeded before the model is built, so the LoRA initialisation is the same whatever the
@@ -88,18 +97,13 @@ def build_trainer(config: TrainConfig, output_dir: str, processes: int, **overri
     """
     from transformers import set_seed
 
-    from helpers.grpo import lora_config
     from helpers.policy import load_model
-    from helpers.trl_compat import grpo_config, import_trl, reward_funcs
-
-    GRPOTrainer = import_trl().GRPOTrainer
+    from helpers.trl_compat import environment_factory, grpo_trainer
 
     set_seed(config.seed)
-    funcs, weights = reward_funcs(config)
-    args = grpo_config(config, output_dir, processes, reward_weights=weights, **overrides)
     model, tokenizer = load_model(config)
-    return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=funcs, args=args,
-                       train_dataset=trl_dataset(config), peft_config=lora_config(config))
+    return grpo_trainer(config, model, tokenizer, training_tasks(config), output_dir, processes,
+                        environment=environment_factory(config), **overrides)
 
 
 def show_rewards(funcs, row: dict) -> None:
@@ -112,16 +116,23 @@ def show_rewards(funcs, row: dict) -> None:
 
 
 def dry_run(config: TrainConfig, preset: str, output_dir: str, overrides: dict) -> None:
-    """Build and print the GRPOConfig, the dataset and the rewards (scoring two replies); train nothing."""
-    from helpers.trl_compat import grpo_config, reward_funcs
+    """Build and print the GRPOConfig, the dataset, the env and the rewards (scoring two replies); train nothing."""
+    from helpers.envs import tool_methods
+    from helpers.trl_compat import environment_factory, grpo_config, reward_funcs, trl_dataset
 
-    dataset = trl_dataset(config)
+    dataset = trl_dataset(training_tasks(config))
+    make_env = environment_factory(config)
     funcs, weights = reward_funcs(config)
-    args = grpo_config(config, output_dir, world_size(), reward_weights=weights, **overrides)
+    args = grpo_config(config, output_dir, world_size(), multi_turn=make_env is not None, reward_weights=weights, **overrides)
     where = f"vLLM server at {args.vllm_server_host}:{args.vllm_server_port}" if args.use_vllm else "transformers generation"
     print(f"preset {preset} -> TRL GRPOTrainer, {world_size()} training process(es), {where}")
     print(f"model {config.model} ({config.dtype}), LoRA r={config.lora_r} alpha={config.lora_alpha} on {', '.join(config.lora_target_modules)}")
     print(f"dataset: {len(dataset)} rows, columns {dataset.column_names}; first prompt: {dataset[0]['prompt'][-1]['content'][:80]}...")
+    if make_env is None:
+        print(f"env {config.env}: no tools, single turn")
+    else:
+        print(f"env {config.env} -> environment_factory, tools {', '.join(tool_methods(make_env()))}, "
+              f"up to {args.max_tool_calling_iterations} tool-calling rounds")
     print(f"rewards: {[f.__name__ for f in funcs]} with weights {args.reward_weights}")
     show_rewards(funcs, dataset[0])
     keys = ["per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_completion_length",

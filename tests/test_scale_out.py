@@ -1,6 +1,7 @@
-"""The scale-out script for real: TRL + accelerate, two CPU training processes, the tiny world.
+"""The scale-out script for real: TRL + accelerate, two CPU training processes, the tiny worlds.
 
-* The command the README documents runs to the end and saves the adapter.
+* The commands the README documents run to the end and save the adapter: GSM8K's smoke
+  preset (single turn) and the shop world (multi-turn: TRL's tool loop calls the env's tools).
 * Two processes make the same update as one: the same batch (recorded from a one-process
   run, then replayed with each process taking its share) gives the same adapter weights
   after one optimizer step, within 1e-5. That is what ``helpers.trl_compat.batch_split``
@@ -16,6 +17,7 @@ generation replaced by the recorded batch.
 
 import importlib.util
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -26,13 +28,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # The command README.md shows for the CPU scale-out run (2 processes, each 1 micro-batch of 2 completions).
 README_COMMAND = "accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset gsm8k-cpu-smoke --grad-accum 2"
-# The equality check: the tiny world's tasks, 4 x G = 4 completions per step in 2 micro-batches. Its reward, plus
-# the length penalty: single turn (no calculator), the model is rarely right, but completions differ in length,
-# so the batch has a learning signal. lr: Adam's first step moves every weight with a gradient by about lr, and
-# turns float summation-order noise in near-zero gradients into weight noise of up to ~lr/1000 (measured: 7.8e-6 at
-# lr=1e-2), so lr = 2e-3 keeps that noise well under the 1e-5 tolerance and the step itself 200x above it.
+# The multi-turn one: the shop world through environment_factory, 2 steps of 2 tasks x 2 episodes, one micro-batch per process.
+SHOP_COMMAND = ("accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-agent --steps 2 "
+                "--tasks-per-step 2 --num-generations 2 --grad-accum 2")
+# The equality check: the one-call world, multi-turn (the calculator in TRL's tool loop), 4 x G = 4 episodes per step
+# in 2 micro-batches. Its reward, plus the length penalty: episodes differ in length, so the batch has a learning signal
+# where all are right, and each process's share carries tool replies masked out of the loss (tool_mask).
+# lr: Adam's first step moves every weight with a gradient by about lr, and turns float summation-order noise in
+# near-zero gradients into weight noise of up to ~lr/1000 (measured: 7.8e-6 at lr=1e-2), so lr = 2e-3 keeps that
+# noise well under the 1e-5 tolerance and the step itself 200x above it.
 EQUALITY_FLAGS = ["--preset", "tiny-cpu", "--rewards", "correct=1.0,length=1.0", "--tasks-per-step", "4",
-                  "--num-generations", "4", "--grad-accum", "2", "--max-new-tokens", "32", "--steps", "1", "--lr", "2e-3",
+                  "--num-generations", "4", "--grad-accum", "2", "--max-total-tokens", "128", "--steps", "1", "--lr", "2e-3",
                   "--save-every", "0"]
 TOLERANCE = 1e-5
 
@@ -57,6 +63,13 @@ def test_the_readme_command_trains_on_two_cpu_processes(tmp_path):
     assert (tmp_path / "trl" / "adapter_config.json").exists()  # the LoRA adapter, as notebook 07 loads it
 
 
+def test_the_shop_world_trains_multi_turn_on_two_cpu_processes(tmp_path):
+    out = launch(shlex.split(SHOP_COMMAND) + ["--output-dir", str(tmp_path / "trl")])
+    assert (tmp_path / "trl" / "adapter_config.json").exists()
+    calls = [float(v) for v in re.findall(r"'tools/call_frequency': '([0-9.e-]+)'", out.stdout + out.stderr)]
+    assert calls and max(calls) > 0, "TRL's tool loop made no tool call"
+
+
 def test_two_processes_make_the_same_update_as_one(tmp_path):
     import torch
 
@@ -68,6 +81,7 @@ def test_two_processes_make_the_same_update_as_one(tmp_path):
 
     recorded = torch.load(batch)
     assert recorded["advantages"].abs().sum() > 0  # the batch carries a learning signal (the update is not zero)
+    assert (recorded["tool_mask"] == 0).any()  # and tool replies, masked out of the loss
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert one["before"].keys() == two["before"].keys()
     assert all(torch.equal(one["before"][k], two["before"][k]) for k in one["before"])  # same LoRA initialisation
@@ -152,3 +166,5 @@ def test_the_documented_command_is_the_one_tested():
 
     for doc in ("README.md", "notebooks/07_gsm8k_24gb.ipynb"):
         assert README_COMMAND in (ROOT / doc).read_text(), f"{doc} does not show {README_COMMAND!r}"
+    for doc in ("README.md", "scripts/trl_multi_gpu.py"):
+        assert SHOP_COMMAND in (ROOT / doc).read_text(), f"{doc} does not show {SHOP_COMMAND!r}"
