@@ -49,6 +49,11 @@ class Task:
     answer: str | None = None
     metadata: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Splits, samplers and records key on the id: a list or None here would fail far away, in train_val_split.
+        if not isinstance(self.id, str) or not self.id:
+            raise DatasetError(f"a task id must be a non-empty string, got {type(self.id).__name__} {self.id!r}")
+
     def row(self) -> dict:
         """The task as one dataset row: ``{"prompt": ..., "answer": ..., **metadata}``, a deep copy.
 
@@ -132,6 +137,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     rows = []
     with path.open("rb") as f:  # bytes: a bad UTF-8 byte is reported with its row, not as a bare UnicodeDecodeError
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # the byte-order mark Windows tools write first
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -215,10 +222,21 @@ def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> 
     tasks = DATASETS[name](split, n, seed)
     if not tasks:
         raise DatasetError(f"dataset {name!r} has no {split} tasks")
+    check_unique_ids(tasks, f"dataset {name!r} ({split})")
     return tasks
 
 
 # --- splits and batches ----------------------------------------------------------------------
+
+
+def check_unique_ids(tasks: list[Task], source: str) -> None:
+    """Raise ``DatasetError`` naming the first task id that appears twice in ``tasks``: two tasks with one
+    id would be split, sampled and scored as one."""
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise DatasetError(f"{source}: task id {task.id!r} appears more than once; ids must be unique")
+        seen.add(task.id)
 
 
 def train_val_split(tasks: list[Task], val_fraction: float = 0.1, seed: int = 0) -> tuple[list[Task], list[Task]]:

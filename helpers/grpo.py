@@ -46,6 +46,8 @@ Simplifications (named, so nothing is hidden):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import random
@@ -66,7 +68,8 @@ from helpers.rollout import Trajectory
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG, step, extra state (next to the adapter files)
-CHECKPOINT_FILES = ("adapter_model.safetensors", TRAINER_STATE)
+CHECKSUMS = "checksums.json"  # sha256 of every other file of the checkpoint, written with it
+CHECKPOINT_FILES = ("adapter_model.safetensors", TRAINER_STATE, CHECKSUMS)
 CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")  # what save_checkpoint renames into place; "checkpoint-20.tmp-..." is not one
 
 
@@ -367,15 +370,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-<step>`` folder under out_dir, or None.
+def checkpoints(out_dir: str | Path) -> list[Path]:
+    """The complete ``checkpoint-<step>`` folders under out_dir, newest first.
 
     Complete means renamed into place by ``save_checkpoint`` (a save killed half-way
-    leaves only a ``.tmp-`` folder, which is ignored) with both of its files present.
+    leaves only a ``.tmp-`` folder, which is ignored) with all of its files present.
     """
     done = [p for p in Path(out_dir).glob("checkpoint-*")
             if CHECKPOINT_NAME.fullmatch(p.name) and all((p / name).is_file() for name in CHECKPOINT_FILES)]
-    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    return sorted(done, key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under out_dir, or None (``checkpoints``; not yet verified)."""
+    return next(iter(checkpoints(out_dir)), None)
+
+
+def file_checksums(folder: Path) -> dict[str, str]:
+    """sha256 of every file in ``folder`` except the checksum file itself: name -> hex digest."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != CHECKSUMS}
+
+
+def checkpoint_damage(directory: str | Path) -> str | None:
+    """Why the checkpoint in ``directory`` cannot be trusted (a file missing, changed or added since
+    it was saved), or None when every file matches the checksums written with it."""
+    directory = Path(directory)
+    try:
+        saved = json.loads((directory / CHECKSUMS).read_text())
+    except (OSError, ValueError) as e:
+        return f"its {CHECKSUMS} cannot be read ({type(e).__name__})"
+    now = file_checksums(directory)
+    for name in sorted(set(saved) | set(now)):
+        if name not in now:
+            return f"{name} is missing"
+        if saved.get(name) != now[name]:
+            return f"{name} does not match its checksum" if name in saved else f"{name} was not part of it"
+    return None
 
 
 def _fsync(path: Path) -> None:
@@ -584,7 +615,9 @@ class LoRAGRPO:
         Atomic: everything is written into ``<directory>.tmp-<pid>``, flushed to disk, then
         renamed to ``directory`` in one step. A process killed at any moment leaves either
         the old checkpoint or the new one, never a half-written file that ``--resume`` would
-        trip over; ``latest_checkpoint`` ignores leftover ``.tmp-`` folders.
+        trip over; ``checkpoints`` ignores leftover ``.tmp-`` folders. A sha256 of every file
+        goes with it (``checksums.json``), so damage done later (a disk error, a file copied
+        over) is found by ``checkpoint_damage`` before the checkpoint is loaded.
         """
         directory = Path(directory)
         temporary = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
@@ -601,6 +634,7 @@ class LoRAGRPO:
             "extra_state": extra_state or {},
         }
         torch.save(state, temporary / TRAINER_STATE)
+        (temporary / CHECKSUMS).write_text(json.dumps(file_checksums(temporary), indent=1))
         _fsync_tree(temporary)
         if directory.exists():  # saving the same step twice: move the old one aside, then drop it
             stale = directory.with_name(f"{directory.name}.old-{os.getpid()}")

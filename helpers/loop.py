@@ -55,9 +55,11 @@ Taught in notebooks/06_training_loop.ipynb.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -122,6 +124,78 @@ def save_checkpoint(trainer, run_dir: Path, step: int, extra_state: dict) -> Non
     done = sorted((p for p in folders if CHECKPOINT_NAME.fullmatch(p.name)), key=lambda p: int(p.name.split("-")[-1]))
     for old in done[:-KEEP_CHECKPOINTS] + [p for p in folders if not CHECKPOINT_NAME.fullmatch(p.name)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Resume, honestly: the same settings, an intact checkpoint, one run per folder
+# ----------------------------------------------------------------------------------------------
+
+# Fields a resumed run may change: they decide what is logged and saved, not what is trained.
+RESUME_FREE = ("resume", "report_to", "save_every", "log_trajectories_every")
+
+
+class ResumeError(ValueError):
+    """A run cannot be resumed as asked (its settings differ from the run it would continue)."""
+
+
+class RunFolderBusy(RuntimeError):
+    """Another run holds the run folder."""
+
+
+@contextmanager
+def run_folder_lock(run_dir: Path):
+    """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``, ``fcntl.flock``) while the block runs.
+
+    The operating system releases it when the process ends, however it ends (``kill -9`` too), so a
+    lock is never left behind; a second run on the folder raises ``RunFolderBusy`` at once.
+    """
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise RunFolderBusy(f"{run_dir} is in use by another run ({handle.read().strip() or 'a process'}); "
+                                "wait for it to end, or give this run another out_dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def resumable_checkpoint(run_dir: Path, config: TrainConfig) -> Path | None:
+    """The checkpoint a resumed run continues from: the newest one whose files match their checksums
+    (a damaged newest one is reported and the one before it taken), or None when there is none.
+
+    Raises ``ResumeError`` when ``config`` differs from the run's own (``config.json``) in a field
+    that changes what is trained (all but ``RESUME_FREE``): the restored optimizer, scheduler and
+    adapter belong to the old settings, so continuing with new ones would train something no config
+    describes. The message names every field that differs.
+    """
+    from helpers.grpo import checkpoint_damage, checkpoints
+
+    found = checkpoints(run_dir)
+    for candidate in found:
+        damage = checkpoint_damage(candidate)
+        if damage is None:
+            break
+        print(f"resume: {candidate.name} is damaged ({damage}); falling back to the checkpoint before it", flush=True)
+    else:
+        print(f"resume: no intact checkpoint in {run_dir}, starting from scratch", flush=True)
+        return None
+    if not (run_dir / "config.json").is_file():
+        raise ResumeError(f"resume: {run_dir} has checkpoints but no config.json, so its settings are unknown; start a new run")
+    saved = json.loads((run_dir / "config.json").read_text())
+    now = json.loads(json.dumps(asdict(config)))  # as config.json holds it (tuples as lists)
+    changed = [f"{name} {saved.get(name)!r} -> {value!r}" for name, value in now.items()
+               if name not in RESUME_FREE and saved.get(name) != value]
+    if changed:
+        raise ResumeError(f"resume: {run_dir.name} was trained with other settings ({'; '.join(changed)}); "
+                          "resume with the run's own settings, or start a new run in another out_dir")
+    return candidate
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,13 +309,22 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     live: a ``helpers.live.LiveCurves`` (or anything with ``update(step, metrics)``, ``record(step,
           metrics)`` and ``save(path)``); None makes one that picks notebook curves or console lines.
 
+    The run folder is locked for as long as the run lives (``run_folder_lock``): a second run on
+    the same folder stops at once instead of writing between this one's lines.
+
     Taught in notebooks/06_training_loop.ipynb §2.
     """
+    run_dir = run_dir_for(config, preset_name)
+    with run_folder_lock(run_dir):
+        return _train(config, run_dir, preset_name, live)
+
+
+def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) -> RunResult:
     import torch
 
     from helpers.data import load_dataset, write_jsonl
     from helpers.evaluation import evaluate, save_records
-    from helpers.grpo import LoRAGRPO, collate, latest_checkpoint
+    from helpers.grpo import LoRAGRPO, collate
     from helpers.health import HEALTH_KINDS, check_health
     from helpers.live import LiveCurves, Reporters
     from helpers.policy import load_model, make_policy, resolve_device
@@ -252,10 +335,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
         raise KeyError(f"unknown collector {config.collect!r} (config.collect); registered: {sorted(COLLECTORS)}")
     t_start, cpu_start = time.perf_counter(), time.process_time()
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
-    run_dir = run_dir_for(config, preset_name)
-    checkpoint = latest_checkpoint(run_dir) if config.resume and run_dir.exists() else None
-    if config.resume and checkpoint is None:
-        print(f"resume: no checkpoint in {run_dir}, starting from scratch")
+    checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
     if checkpoint is None:
         clear_run_dir(run_dir)
     (run_dir / TRAJECTORY_DIR).mkdir(parents=True, exist_ok=True)

@@ -359,3 +359,36 @@ def test_the_dataset_registry_loads_each_split_and_refuses_unknown_names():
         load_dataset("gsm9k", "train")
     with pytest.raises(DatasetError, match="unknown split"):
         load_dataset("tiny", "dev")
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_accepted(tmp_path):
+    """Windows tools write a UTF-8 BOM first; the file still reads, and the first row is not corrupted."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"question": "Q", "answer": "#### 1"}\n{"question": "R", "answer": "#### 2"}\n')
+    assert [t.answer for t in load_gsm8k(source=path)] == ["1", "2"]
+
+
+@pytest.mark.parametrize("bad_id", [["a", "b"], None, "", 7])
+def test_a_task_id_must_be_a_non_empty_string(bad_id):
+    with pytest.raises(DatasetError, match="a task id must be a non-empty string"):
+        Task(bad_id, [{"role": "user", "content": "Q"}])
+
+
+def test_duplicate_ids_are_refused_where_tasks_are_loaded(tmp_path):
+    from helpers.data import DATASETS, load_dataset, register_dataset
+    from helpers.envs.code_env import load_code_tasks
+
+    register_dataset("twice")(lambda split, n, seed: make_tasks(3) + make_tasks(1))
+    try:
+        with pytest.raises(DatasetError, match=r"dataset 'twice' \(train\): task id 't0' appears more than once"):
+            load_dataset("twice", "train")
+    finally:
+        del DATASETS["twice"]
+    row = {"id": "x", "entry_point": "add", "signature": "def add(a, b):", "description": "Add.", "tests": ["assert add(1, 2) == 3"]}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match="task id 'x' appears more than once"):
+        load_code_tasks(path)
+    path.write_text(json.dumps({**row, "id": ["x"]}) + "\n")
+    with pytest.raises(DatasetError, match=r"tasks.jsonl, row 1: 'id' must be a non-empty string, got list"):
+        load_code_tasks(path)

@@ -106,9 +106,9 @@ class KillAt(LiveCurves):
 
 def short_config(out_dir, **kw):
     # "length" keeps rewards spread within groups whatever the checkpoint's skill, so every step updates the adapter.
-    return get_preset("tiny-cpu", steps=4, tasks_per_step=2, num_generations=4, max_new_tokens=16, max_total_tokens=128,
-                      eval_tasks=3, pass_k=2, eval_every=2, save_every=2, log_trajectories_every=2,
-                      rewards={"correct": 1.0, "length": 1.0}, lr=1e-3, out_dir=str(out_dir), **kw)
+    settings = dict(steps=4, tasks_per_step=2, num_generations=4, max_new_tokens=16, max_total_tokens=128, eval_tasks=3,
+                    pass_k=2, eval_every=2, save_every=2, log_trajectories_every=2, rewards={"correct": 1.0, "length": 1.0}, lr=1e-3)
+    return get_preset("tiny-cpu", **{**settings, **kw}, out_dir=str(out_dir))
 
 
 def without_timing(history):
@@ -154,3 +154,35 @@ def test_short_run_and_kill_resume_give_the_same_numbers(tmp_path, one_thread):
     a = load_file(tmp_path / "full" / "checkpoint-4" / "adapter_model.safetensors")
     b = load_file(tmp_path / "killed" / "checkpoint-4" / "adapter_model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_settings_falls_back_past_a_damaged_checkpoint_and_locks_the_folder(tmp_path, one_thread, capsys):
+    from helpers.loop import ResumeError, RunFolderBusy, run_folder_lock
+
+    small = dict(steps=2, save_every=1, eval_every=0, eval_tasks=2, pass_k=0)
+    full = train(short_config(tmp_path / "full", **small), live=LiveCurves(None, notebook=False))
+    run = train(short_config(tmp_path / "run", **small), live=LiveCurves(None, notebook=False)).run_dir
+    saved_config = (run / "config.json").read_text()
+
+    # Other settings: refused in one line that names each field, and nothing in the folder changes.
+    for changed, named in [(dict(lr=0.5), "lr 0.001 -> 0.5"), (dict(lora_r=4, lora_alpha=8), "lora_r 8 -> 4; lora_alpha 16 -> 8")]:
+        with pytest.raises(ResumeError) as refused:
+            train(short_config(tmp_path / "run", resume=True, **small, **changed), live=LiveCurves(None, notebook=False))
+        assert named in str(refused.value) and "\n" not in str(refused.value)
+    assert (run / "config.json").read_text() == saved_config and (run / "checkpoint-2").is_dir()
+
+    # A damaged newest checkpoint: found by its checksums, said so, and the run goes on from the one before it.
+    adapter = run / "checkpoint-2" / "adapter_model.safetensors"
+    damaged = bytearray(adapter.read_bytes())
+    damaged[-1] ^= 0xFF
+    adapter.write_bytes(bytes(damaged))
+    capsys.readouterr()
+    resumed = train(short_config(tmp_path / "run", resume=True, **small), live=LiveCurves(None, notebook=False))
+    assert "checkpoint-2 is damaged (adapter_model.safetensors does not match its checksum)" in capsys.readouterr().out
+    assert without_timing(resumed.history) == without_timing(full.history)
+
+    # One run per folder: a second one stops at once, saying who holds it.
+    with run_folder_lock(run):
+        with pytest.raises(RunFolderBusy, match=f"pid {__import__('os').getpid()}"):
+            train(short_config(tmp_path / "run", resume=True, **small), live=LiveCurves(None, notebook=False))

@@ -69,7 +69,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.data import DatasetError, Task, read_jsonl
+from helpers.data import DatasetError, Task, check_unique_ids, read_jsonl
 from helpers.formats import code_blocks
 from helpers.paths import DATA
 from helpers.sandbox import Limits, SandboxUnavailable, os_isolation, run_python
@@ -199,6 +199,8 @@ def code_task(row: dict, where: str) -> Task:
     missing = [k for k in ("id", "entry_point", "signature", "description", "tests") if k not in row]
     if missing:
         raise DatasetError(f"{where}: code task is missing {missing}")
+    if not isinstance(row["id"], str) or not row["id"]:
+        raise DatasetError(f"{where}: 'id' must be a non-empty string, got {type(row['id']).__name__} {row['id']!r}")
     tests = row["tests"]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         raise DatasetError(f"{where}: 'tests' must be a non-empty list of assert strings, got {type(tests).__name__} {str(tests)[:60]!r}")
@@ -217,7 +219,9 @@ def code_task(row: dict, where: str) -> Task:
 
 
 def load_code_tasks(path: str | Path = CODE_TASKS) -> list[Task]:
-    return [code_task(row, f"{path}, row {line_no}") for line_no, row in read_jsonl(path)]
+    tasks = [code_task(row, f"{path}, row {line_no}") for line_no, row in read_jsonl(path)]
+    check_unique_ids(tasks, str(path))
+    return tasks
 
 
 def _returned_values(stdout: str, token: str, n: int) -> list[list] | None:
