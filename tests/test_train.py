@@ -186,3 +186,18 @@ def test_resume_refuses_other_settings_falls_back_past_a_damaged_checkpoint_and_
     with run_folder_lock(run):
         with pytest.raises(RunFolderBusy, match=f"pid {__import__('os').getpid()}"):
             train(short_config(tmp_path / "run", resume=True, **small), live=LiveCurves(None, notebook=False))
+
+
+def test_the_readme_example_class_passes_the_contract_check_with_the_shops_tools():
+    import re
+
+    from helpers.envs import check_env_class, tool_schemas
+    from helpers.worlds.shop.env import ShopEnv
+
+    readme = (ROOT / "README.md").read_text()
+    source = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "class MyShop" in block)
+    namespace = {}
+    exec(source, namespace)  # the README's own text: a class that imports nothing from helpers
+    assert check_env_class(namespace["MyShop"]) == []
+    shape = lambda schemas: [(s["function"]["name"], sorted(s["function"]["parameters"]["properties"])) for s in schemas]  # noqa: E731
+    assert shape(tool_schemas(namespace["MyShop"]())) == shape(tool_schemas(ShopEnv()))
