@@ -1,23 +1,24 @@
 """helpers: the real code behind the Agentic RL Workbook.
 
-One module per job; a module imports only modules of earlier stages (``formats`` and
-``data`` below everything, the trainer never imported by rewards, the pictures never
-imported by the stages):
+One module per job, in layers: a module imports only the layers below it, at file level and
+inside functions (the contract is in pyproject.toml; ``lint-imports`` checks it, with no cycle).
+Bottom to top:
 
-    formats       the one parser: answer tag, tool calls, numbers, ``judge_answer``
-    data          (数据模块)  Task, dataset registry (GSM8K hub / local, tiny worlds), prompts, splits, TaskSampler, JSONL
-    tiny          (数据模块)  the tiny one-call world: tasks, tokenizer, model, SFT build
+    formats, paths, config  the one parser (answer tag, tool calls, numbers, ``judge_answer``); TrainConfig and the preset registry
+    data          (数据模块)  Task, the dataset registry, prompts, leak-free splits, TaskSampler, JSONL
     envs          (环境模块)  TRL's environment contract, the ``Episode`` adapter (``step``), registry, checkers, math / calculator / code envs
     sandbox       (环境模块)  untrusted code behind an OS boundary
     policy        (采样模块)  model loading and the rollout backends (transformers, vLLM), one interface
     rollout       (采样模块)  Trajectory and the batched multi-turn sampling loop
     rewards       (奖励模块)  rule rewards, weighted combination, reward report; ``judge``: model judges
     grpo, sft     (训练模块)  advantages, the GRPO loss, LoRAGRPO, checkpoints; the SFT warm start
-    evaluate      held-out success, pass@k, tool calls; ``episode_stats``; a CLI
-    train         the loop and its command line, nothing else
-    trl_compat    everything that touches TRL: config mapping, reward adapter, loss cross-check
-    live, viewer  live curves and logging; trajectory and reward pictures
-    memory, pitfalls  GPU memory plan; health checks and the preflight checklist
+    loop          the one training loop (a world's step is a registered collector); ``evaluation``: held-out
+                  success, pass@k, ``episode_stats``; ``live``: curves; ``health``: warnings during a run
+    worlds        one folder per world (arithmetic, shop, selfplay, gsm8k): tasks, env, presets, warm start;
+                  they register themselves; ``worlds.tinymodel``: the tiny models' template, tokenizer, shape
+    train, evaluate   the commands (``python -m helpers.train``, ``python -m helpers.evaluate``); they import the worlds
+    trl_compat    everything that touches TRL: config mapping, reward adapter, environment_factory, loss cross-check
+    viewer, memory, pitfalls, notebook, bench   pictures, GPU memory plan, preflight checklist, the notebooks' opening, benchmarks
 
 Data flows one way:
     Task -> env.reset -> (policy acts -> env tools, via Episode.step)* -> Trajectory -> reward -> advantages -> GRPO update
