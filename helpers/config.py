@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from helpers.registry import register
+
 
 @dataclass
 class TrainConfig:
@@ -85,13 +87,7 @@ def register_preset(name: str):
     ``helpers.worlds`` registers them all. This module imports no world.
     """
 
-    def add(factory: Callable[[], TrainConfig]) -> Callable[[], TrainConfig]:
-        if name in PRESETS and PRESETS[name] is not factory:
-            raise ValueError(f"preset {name!r} is already registered (by {PRESETS[name].__qualname__})")
-        PRESETS[name] = factory
-        return factory
-
-    return add
+    return lambda factory: register(PRESETS, "preset", name, factory)
 
 
 def get_preset(name: str, **overrides) -> TrainConfig:

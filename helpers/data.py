@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from helpers.formats import ANSWER_INSTRUCTION, format_number, to_number
+from helpers.registry import register
 
 
 @dataclass
@@ -195,13 +196,7 @@ DATASET_SPLITS = ("train", "validation", "test")
 def register_dataset(name: str):
     """Decorator: ``@register_dataset("tiny")`` on ``def loader(split, n, seed) -> list[Task]``."""
 
-    def add(loader: DatasetLoader) -> DatasetLoader:
-        if name in DATASETS and DATASETS[name] is not loader:
-            raise ValueError(f"dataset {name!r} is already registered (by {DATASETS[name].__module__})")
-        DATASETS[name] = loader
-        return loader
-
-    return add
+    return lambda loader: register(DATASETS, "dataset", name, loader)
 
 
 def list_datasets() -> list[str]:

@@ -66,6 +66,7 @@ from typing import Callable
 
 from helpers.config import TrainConfig
 from helpers.paths import ROOT
+from helpers.registry import register
 
 TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
 KEEP_CHECKPOINTS = 2  # older checkpoint folders are deleted (a GSM8K adapter + optimizer is ~200 MB)
@@ -267,13 +268,7 @@ COLLECTORS: dict[str, Callable] = {"groups": GroupCollector}  # config.collect -
 def register_collector(name: str):
     """Decorator: ``@register_collector("selfplay")`` on a collector class (``GroupCollector``'s interface)."""
 
-    def add(cls):
-        if name in COLLECTORS and COLLECTORS[name] is not cls:
-            raise ValueError(f"collector {name!r} is already registered (by {COLLECTORS[name].__qualname__})")
-        COLLECTORS[name] = cls
-        return cls
-
-    return add
+    return lambda cls: register(COLLECTORS, "collector", name, cls)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -392,3 +392,21 @@ def test_duplicate_ids_are_refused_where_tasks_are_loaded(tmp_path):
     path.write_text(json.dumps({**row, "id": ["x"]}) + "\n")
     with pytest.raises(DatasetError, match=r"tasks.jsonl, row 1: 'id' must be a non-empty string, got list"):
         load_code_tasks(path)
+
+
+def test_registering_the_same_definition_again_is_allowed_another_one_is_not():
+    """A notebook cell that defines and registers a dataset may be re-run; two different loaders may not share a name."""
+    from helpers.data import DATASETS, register_dataset
+
+    def define():
+        def cell_loader(split, n, seed):
+            return make_tasks(2)
+        return cell_loader
+
+    try:
+        register_dataset("rerun")(define())
+        register_dataset("rerun")(define())  # the same code again: a new function object, the same definition
+        with pytest.raises(ValueError, match="dataset 'rerun' is already registered"):
+            register_dataset("rerun")(lambda split, n, seed: make_tasks(3))
+    finally:
+        del DATASETS["rerun"]

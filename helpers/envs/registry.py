@@ -22,13 +22,9 @@ import importlib
 from typing import Callable
 
 from helpers.envs.episode import LIMITS, Episode
+from helpers.registry import register
 
 _REGISTRY: dict[str, Callable[..., object]] = {}
-
-
-def _same_definition(a: Callable, b: Callable) -> bool:
-    """Two factories defined by the same code (a notebook cell run twice)."""
-    return getattr(a, "__module__", None) == getattr(b, "__module__", None) and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
 
 
 def register_env(name: str, factory: Callable[..., object] | None = None, overwrite: bool = False):
@@ -44,11 +40,7 @@ def register_env(name: str, factory: Callable[..., object] | None = None, overwr
         raise TypeError(f"register_env({name!r}, ...): factory must be callable, got {type(factory).__name__}")
     if ":" in name:
         raise ValueError(f"register_env({name!r}, ...): a registry name holds no ':' ('package.module:ClassName' names a class)")
-    old = _REGISTRY.get(name)
-    if old is not None and old is not factory and not overwrite and not _same_definition(old, factory):
-        raise ValueError(f"env {name!r} is already registered (by {getattr(old, '__qualname__', old)}); pass overwrite=True to replace it")
-    _REGISTRY[name] = factory
-    return factory
+    return register(_REGISTRY, "env", name, factory, overwrite)
 
 
 def import_env_class(spec: str) -> type:
