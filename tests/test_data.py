@@ -410,3 +410,38 @@ def test_registering_the_same_definition_again_is_allowed_another_one_is_not():
             register_dataset("rerun")(lambda split, n, seed: make_tasks(3))
     finally:
         del DATASETS["rerun"]
+
+
+def test_a_dataset_family_loads_every_member_by_name():
+    """``register_dataset_family("fam")`` makes every "fam/<member>" a dataset; the loader gets the member."""
+    from helpers.data import DATASET_FAMILIES, list_dataset_families, load_dataset, register_dataset_family
+
+    @register_dataset_family("fam")
+    def loader(member, split, n, seed):
+        if member != "known":
+            raise DatasetError(f"fam has no member {member!r}")
+        return [Task(f"fam/{member}-{split}-{seed}-{i}", make_prompt("q")) for i in range(n or 3)]
+
+    try:
+        assert "fam/<member>" in list_dataset_families()
+        assert [t.id for t in load_dataset("fam/known", "test", 2, seed=5)] == ["fam/known-test-5-0", "fam/known-test-5-1"]
+        with pytest.raises(DatasetError, match="fam has no member 'other'"):
+            load_dataset("fam/other", "test")
+        with pytest.raises(DatasetError, match=r"unknown dataset 'fam'; choose from \[.*'fam/<member>'"):
+            load_dataset("fam", "test")  # the prefix alone names no member
+        with pytest.raises(ValueError, match="a dataset family's prefix is a name without '/'"):
+            register_dataset_family("a/b")
+    finally:
+        del DATASET_FAMILIES["fam"]
+
+
+def test_an_optional_package_that_is_missing_names_the_extra(monkeypatch):
+    import sys
+
+    from helpers.data import import_extra
+
+    monkeypatch.setitem(sys.modules, "some_benchmark_pkg", None)  # an import of it fails, as when it is not installed
+    with pytest.raises(ImportError, match=r"some_benchmark_pkg is not installed; it comes with the workbook's 'benchmarks' extra: "
+                                          r"pip install -e '\.\[benchmarks\]'"):
+        import_extra("some_benchmark_pkg", "benchmarks")
+    assert import_extra("json", "benchmarks").dumps(1) == "1"

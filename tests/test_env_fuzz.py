@@ -3,17 +3,18 @@
 Hypothesis builds adversarial turns from the pieces that broke envs before (issue 15):
 huge integers in tool-call JSON, deep nesting, control bytes, surrogates, and thousands
 of unclosed tags, mixed with the real formats. Bounded for CI: a fixed number of
-examples per env (fewer for "code", where each turn starts a sandbox), derandomized so a
+examples per env (fewer for "code" and "humaneval", where each turn starts a sandbox), derandomized so a
 failure reproduces, and a per-turn time limit.
 """
 
+import os
 import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from helpers.data import Task
+from helpers.data import Task, load_dataset
 from helpers.envs import StepResult, list_envs, load_code_tasks, make_env
 from helpers.formats import format_tool_call
 from helpers.sandbox import Limits, os_isolation
@@ -24,7 +25,23 @@ CODE_TASK = load_code_tasks()[0]
 # One task for every env but "code": the metadata of each built-in task kind (an env ignores what it does not read).
 TASK = Task("fuzz", [{"role": "user", "content": "What do 6 of my usual items cost?"}], "42",
             {"expression": "6*7", "item": "apple", "prices": {"apple": 7, "pear": 3}})
-KWARGS = {"code": {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3, cpu_seconds=2)}}
+SANDBOXED = {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3, cpu_seconds=2)}
+KWARGS = {"code": SANDBOXED, "humaneval": {**SANDBOXED, "timeout": 1.0}}
+# The benchmark worlds' envs play a task of their own dataset (the 'benchmarks' extra: skipped without it, failed in CI).
+BENCHMARK_DATASETS = {"humaneval": "humaneval", "reasoning_gym": "reasoning_gym/products:max_digits=2"}
+
+
+def task_for(name: str) -> Task:
+    if name == "code":
+        return CODE_TASK
+    if name not in BENCHMARK_DATASETS:
+        return TASK
+    try:
+        return load_dataset(BENCHMARK_DATASETS[name], "test", 1)[0]
+    except ImportError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
 
 PIECES = ["<tool_call>", "</tool_call>", "<answer>", "</answer>", "```python\n", "```", "\\boxed{", "}", "####", "{", "[", "]",
           '"name"', '"arguments"', '"calculator"', '"expression"', ":", ",", "\x00", "\x1b[2J", "\udcff", "\u202e", "9" * 5000,
@@ -55,10 +72,10 @@ turns = st.one_of(
 
 @pytest.mark.parametrize("name", ENVS)
 def test_every_env_answers_any_text(name):
-    task = CODE_TASK if name == "code" else TASK
+    task = task_for(name)
     env = make_env(name, **KWARGS.get(name, {}))
 
-    @settings(max_examples=25 if name == "code" else 100, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=25 if name in ("code", "humaneval") else 100, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.lists(turns, min_size=1, max_size=3))
     def episode(actions):

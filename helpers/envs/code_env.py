@@ -72,7 +72,7 @@ from pathlib import Path
 from helpers.data import DatasetError, Task, check_unique_ids, read_jsonl
 from helpers.formats import code_blocks
 from helpers.paths import DATA
-from helpers.sandbox import Limits, SandboxUnavailable, os_isolation, run_python
+from helpers.sandbox import Limits, require_isolation, run_python
 
 CODE_TASKS = DATA / "code_tasks.jsonl"
 CODE_SYSTEM_PROMPT = (
@@ -310,10 +310,7 @@ class CodeEnv:
     """
 
     def __init__(self, test_seconds: float = 1.0, limits: Limits | None = None, python: str | None = None, allow_unsafe: bool = False):
-        if not allow_unsafe and not os_isolation(python):
-            raise SandboxUnavailable("CodeEnv runs model-written code and needs the sandbox's OS boundary (bwrap), which is "
-                                     "not available here (see helpers.sandbox.sandbox_layers()); install bubblewrap, or pass "
-                                     "allow_unsafe=True to run with rlimits and the audit hook only")
+        require_isolation("CodeEnv", python, allow_unsafe)
         self.test_seconds = test_seconds
         self.limits = limits or Limits()
         self.python = python

@@ -6,12 +6,14 @@
     shop/         the multi-step shop world: usual() -> lookup(item) -> calculator(...) (tiny-agent)
     selfplay/     one policy proposes tasks and solves them (tiny-selfplay, tiny-selfplay-fixed)
     gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb, gsm8k-24gb-tools, gsm8k-t4, and CPU smoke presets)
+    reasoning_gym/  reasoning-gym's generators, "reasoning_gym/<generator>", each scored by its own verifier (reasoning-gym-cpu)
+    humaneval/    HumanEval's 164 problems, their own tests run in the workbook's sandbox (a benchmark: test split only)
     tinymodel.py  the tiny-model toolkit the tiny worlds share: chat template, tokenizer, model shape, save/load
 
 A world plugs into the lower layers through their registries only (``register_dataset``,
-``register_env``, ``register_preset``, ``register_collector``), so the loop, the rollout and the
-trainer never import a world; the commands (``helpers.train``, ``helpers.evaluate``) import this
-package to have them all.
+``register_env``, ``register_preset``, ``register_collector``, ``register_reward``,
+``register_benchmark``), so the loop, the rollout and the trainer never import a world; the
+commands (``helpers.train``, ``helpers.evaluate``) import this package to have them all.
 """
 
-from helpers.worlds import arithmetic, gsm8k, selfplay, shop  # noqa: F401
+from helpers.worlds import arithmetic, gsm8k, humaneval, reasoning_gym, selfplay, shop  # noqa: F401
