@@ -14,8 +14,10 @@ T = TypeVar("T")
 
 
 def same_definition(a: object, b: object) -> bool:
-    """Two objects defined by the same code (a notebook cell run twice): the same module and qualified name."""
-    return getattr(a, "__module__", None) == getattr(b, "__module__", None) and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+    """Two functions or classes defined by the same code (a notebook cell run twice): the same module and
+    qualified name. Other objects (instances) have no definition of their own: never the same."""
+    name = getattr(a, "__qualname__", None)
+    return name is not None and name == getattr(b, "__qualname__", None) and getattr(a, "__module__", None) == getattr(b, "__module__", None)
 
 
 def register(registry: dict, kind: str, name: str, entry: T, overwrite: bool = False) -> T:
