@@ -445,3 +445,12 @@ def test_an_optional_package_that_is_missing_names_the_extra(monkeypatch):
                                           r"pip install -e '\.\[benchmarks\]'"):
         import_extra("some_benchmark_pkg", "benchmarks")
     assert import_extra("json", "benchmarks").dumps(1) == "1"
+
+
+def test_two_instances_under_one_name_are_a_conflict_not_a_rerun():
+    from helpers.registry import register
+
+    registry = {}
+    register(registry, "benchmark", "b", object())
+    with pytest.raises(ValueError, match="benchmark 'b' is already registered"):
+        register(registry, "benchmark", "b", object())
