@@ -538,7 +538,7 @@ class LoRAGRPO:
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """Scored trajectories -> advantages -> ``update``, with the config's ``scale_rewards``,
-        ``skip_zero_spread`` and ``mask_truncated_completions`` (what ``helpers.train`` spells out)."""
+        ``skip_zero_spread`` and ``mask_truncated_completions`` (what ``helpers.loop`` spells out)."""
         cfg = self.config
         advantages = group_advantages(group_rewards(trajectories), cfg.scale_rewards)
         return self.update(collate(trajectories, advantages, cfg.skip_zero_spread, cfg.mask_truncated_completions))

@@ -86,7 +86,7 @@ def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1,
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     args = dict(
         output_dir=str(output_dir),
-        # the optimizer step: tasks_per_step x G completions, as in helpers.train
+        # the optimizer step: tasks_per_step x G completions, as in helpers.loop
         per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=accumulation,
         num_generations=config.num_generations,

@@ -1,6 +1,6 @@
 """Scaling out: the workbook's data, envs, rewards and presets driving TRL's GRPOTrainer on several processes.
 
-Our own loop (helpers.train) is one process on one card. When you outgrow that, do not
+Our own loop (helpers.loop) is one process on one card. When you outgrow that, do not
 grow it into a distributed trainer: hand the same pieces to TRL, whose GRPOTrainer
 already runs on many GPUs with accelerate (DDP, DeepSpeed, FSDP) and samples with a
 vLLM *server* on cards of its own. The pieces that carry over unchanged:
