@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import helpers.worlds  # noqa: F401  (registers the presets memory_plan("gsm8k-24gb", ...) names)
 from helpers.config import TrainConfig, get_preset
 from helpers.paths import ROOT
 
