@@ -131,8 +131,9 @@ def save_checkpoint(trainer, run_dir: Path, step: int, extra_state: dict) -> Non
 # Resume, honestly: the same settings, an intact checkpoint, one run per folder
 # ----------------------------------------------------------------------------------------------
 
-# Fields a resumed run may change: they decide what is logged and saved, not what is trained.
-RESUME_FREE = ("resume", "report_to", "save_every", "log_trajectories_every")
+# Fields a resumed run may change: they decide where and what is logged and saved, not what is trained
+# (a run folder copied elsewhere resumes there).
+RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every")
 
 
 class ResumeError(ValueError):
