@@ -33,6 +33,8 @@ from helpers.envs.code_env import CODE_TASKS as CODE_TASKS_PATH
 from helpers.envs.code_env import code_task
 from helpers.formats import format_tool_call, judge_answer
 from helpers.sandbox import Limits, SandboxUnavailable, os_isolation
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from helpers.worlds.shop.tasks import make_agent_tasks
 
 
 def arithmetic_task(expression: str, answer: str, i: int = 0) -> Task:
@@ -692,3 +694,24 @@ def test_code_env_without_a_boundary_needs_allow_unsafe(monkeypatch):
     with pytest.raises(SandboxUnavailable, match="allow_unsafe=True"):
         make_env("code")
     assert isinstance(make_env("code", allow_unsafe=True).env, CodeEnv)
+
+
+@pytest.mark.parametrize("world, make_task", [
+    ("math", lambda: make_tiny_tasks(1, seed=0, split="test")[0]),
+    ("calculator", lambda: make_tiny_tasks(1, seed=0, split="test")[0]),
+    ("shop", lambda: make_agent_tasks(1, seed=0, split="test")[0]),
+])
+def test_a_power_tower_answer_cannot_stall_a_world_that_judges_answers(world, make_task, monkeypatch):
+    """Issue 28: `<answer>9^{9^{9}}</answer>` once held the GIL in sympy for minutes; each world's step now returns
+    within math-verify's limit (MATH_VERIFY_SECONDS, cut shorter here) with the named verdict."""
+    from helpers import formats
+
+    monkeypatch.setattr(formats, "MATH_VERIFY_SECONDS", 0.5)
+    formats.judge_answer("<answer>x</answer>", "0.5")  # start math-verify's worker: its start-up is not the check's time
+    env = make_env(world, max_steps=5)
+    for tower in ("9^{9^{9}}", "2^{2^{2^{5}}}"):
+        env.reset(make_task())
+        start = time.monotonic()
+        result = env.step(f"<answer>{tower}</answer>")
+        assert time.monotonic() - start < 5.0, (world, tower)
+        assert result.info["stop_reason"] == "answered" and result.info["verdict"] == "check_timeout" and result.reward == 0.0
