@@ -2,9 +2,10 @@
 
     from helpers.policy import HFPolicy, SamplingParams, load_model, make_policy
     model, tokenizer = load_model(config)               # a local folder (data/tiny) or a hub id
-    policy = make_policy(config, model, tokenizer)      # config.backend: "hf" (transformers) or "vllm"
+    policy = make_policy(config, model, tokenizer)      # config.backend: "hf", "engine" or "vllm"
     trained = load_adapter(model, "runs/.../checkpoint-50")  # a run's trained LoRA adapter on the base model
-    policy = HFPolicy(model, tokenizer)                 # transformers, CPU or GPU
+    policy = HFPolicy(model, tokenizer)                 # transformers, CPU or GPU: the textbook sampler
+    policy = EnginePolicy(model, tokenizer)             # helpers.policy.engine: merged weights, KV cache across turns
     policy = VLLMPolicy(...)                            # helpers.policy.vllm (imported lazily)
 """
 
@@ -14,9 +15,10 @@ from contextlib import contextmanager
 from helpers.config import TrainConfig
 from helpers.paths import ROOT
 from helpers.policy.base import Generation, Policy, SamplingParams, ScriptedPolicy
+from helpers.policy.engine import EnginePolicy
 from helpers.policy.hf import HFPolicy
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "engine", "vllm")
 
 
 def resolve_device(name: str) -> str:
@@ -57,11 +59,14 @@ def load_adapter(model, adapter_dir):
 
 
 def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
-    """The rollout backend of ``config.backend``: transformers on ``model`` itself, or a vLLM
-    engine on the same weights that starts from ``model``'s adapter (its B = 0 at the start
-    of a run: the base model's outputs)."""
+    """The rollout backend of ``config.backend``: transformers on ``model`` itself; the workbook's
+    engine on a merged copy of ``model``'s weights; or a vLLM engine on the same weights that starts
+    from ``model``'s adapter (its B = 0 at the start of a run: the base model's outputs). The last two
+    take the updated adapter at each ``sync(model)``."""
     if config.backend == "hf":
         return HFPolicy(model, tokenizer)
+    if config.backend == "engine":
+        return EnginePolicy(model, tokenizer)
     if config.backend == "vllm":
         from helpers.policy.vllm import VLLMPolicy
 
@@ -71,5 +76,5 @@ def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
     raise ValueError(f"unknown backend {config.backend!r}; choose from {BACKENDS}")
 
 
-__all__ = ["BACKENDS", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_adapter", "load_model",
+__all__ = ["BACKENDS", "EnginePolicy", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_adapter", "load_model",
            "make_policy", "quiet_peft", "resolve_device"]

@@ -1,0 +1,130 @@
+"""The engine backend (helpers.policy.engine) samples what HFPolicy samples: the same tokens and the
+same log-probs (to float rounding) for the same seed, over whole multi-turn episodes, with the KV
+cache kept across turns, identical prompts computed once, and a LoRA adapter merged into its weights."""
+
+import pytest
+import torch
+
+import helpers.worlds  # noqa: F401  (registers the shop world)
+from helpers.config import get_preset
+from helpers.data import load_dataset
+from helpers.grpo import LoRAGRPO
+from helpers.loop import env_factory
+from helpers.policy import EnginePolicy, HFPolicy, SamplingParams, load_model, make_policy
+from helpers.policy.engine import supports
+from helpers.rollout import rollout
+
+LOGPROB_TOLERANCE = 1e-4  # float rounding of other matrix shapes (fused projections, one token at a time)
+
+
+@pytest.fixture(scope="module")
+def shop():
+    """The shop world's warm start under a LoRA adapter whose B is not zero (so the merge matters)."""
+    config = get_preset("tiny-agent")
+    model, tokenizer = load_model(config)
+    trainer = LoRAGRPO(model, config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    tasks = load_dataset(config.dataset, "test", 6, seed=0)
+    return config, trainer.model, tokenizer, tasks
+
+
+def assert_same_episodes(a, b):
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.mask for t in a] == [t.mask for t in b]
+    worst = max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs))
+    assert worst < LOGPROB_TOLERANCE
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.0, 1.0), (0.8, 0.9)])
+def test_engine_episodes_equal_transformers_episodes(shop, temperature, top_p):
+    config, model, tokenizer, tasks = shop
+    sampling = SamplingParams(config.max_new_tokens, temperature, top_p, seed=7)
+    limits = dict(group_size=4, sampling=sampling, progress=False, max_steps=config.env_max_steps,
+                  max_total_tokens=config.max_total_tokens)
+    expected = rollout(tasks, env_factory(config), HFPolicy(model, tokenizer), **limits)
+    engine = EnginePolicy(model, tokenizer)
+    got = rollout(tasks, env_factory(config), engine, **limits)
+    assert max(t.turns for t in got) >= 3  # multi-turn: later turns came from the kept cache
+    assert_same_episodes(expected, got)
+    assert_same_episodes(expected, rollout(tasks, env_factory(config), engine, **limits))  # and again, warm
+
+
+def test_kept_cache_changes_nothing(shop):
+    """A prompt that extends the last call's sequence reuses its keys: the same numbers as a fresh engine."""
+    config, model, tokenizer, tasks = shop
+    engine = EnginePolicy(model, tokenizer)
+    prompt = tokenizer.apply_chat_template(tasks[0].prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    params = SamplingParams(12, temperature=1.0, seed=3, stop_token_ids=[tokenizer.eos_token_id])
+    first = engine.generate([prompt, prompt], params)[0]
+    follow_up = prompt + first.token_ids + tokenizer.encode("\nmore", add_special_tokens=False)
+    assert engine.cached  # the last call's sequences are kept ...
+    warm = engine.generate([follow_up], params)[0]
+    cold = EnginePolicy(model, tokenizer).generate([follow_up], params)[0]
+    assert warm.token_ids == cold.token_ids
+    assert max(abs(x - y) for x, y in zip(warm.logprobs, cold.logprobs)) < LOGPROB_TOLERANCE
+
+
+def test_sync_takes_the_new_adapter_and_forgets_the_cache(shop):
+    config, model, tokenizer, tasks = shop
+    engine = EnginePolicy(model, tokenizer)
+    prompt = [5, 6, 7, 8]
+    params = SamplingParams(6, temperature=0.0)
+    before = engine.generate([prompt], params)[0]
+    lora_b = next(p for n, p in model.named_parameters() if "lora_B" in n)
+    saved = lora_b.detach().clone()
+    try:
+        with torch.no_grad():
+            lora_b.add_(0.5)
+        assert engine.generate([prompt], params)[0].logprobs == before.logprobs  # the engine holds its own copy
+        engine.sync(model)
+        assert not engine.cached
+        after = engine.generate([prompt], params)[0]
+        assert after.logprobs != before.logprobs
+        assert after.logprobs == pytest.approx(HFPolicy(model, tokenizer).generate([prompt], params)[0].logprobs, abs=LOGPROB_TOLERANCE)
+    finally:
+        with torch.no_grad():
+            lora_b.copy_(saved)
+
+
+@pytest.mark.parametrize("family", ["qwen2-gqa", "llama"])
+def test_other_decoders_of_the_family(family):
+    """Grouped-query attention (2 kv heads for 4 query heads), q/k/v biases (Qwen2), none (Llama)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = (Qwen2ForCausalLM(Qwen2Config(**shape)) if family == "qwen2-gqa" else LlamaForCausalLM(LlamaConfig(**shape))).eval()
+    if family == "qwen2-gqa":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.bias.normal_(0, 0.1)
+                layer.self_attn.k_proj.bias.normal_(0, 0.1)
+    tokenizer = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 1})()
+    prompts = [[3, 4, 5, 6, 7], [9, 10], [3, 4, 5, 6, 7]]
+    params = SamplingParams(10, temperature=1.0, seed=1, stop_token_ids=[1])
+    expected = HFPolicy(model, tokenizer).generate(prompts, params)
+    got = EnginePolicy(model, tokenizer).generate(prompts, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in expected]
+    for g, e in zip(got, expected):
+        assert g.logprobs == pytest.approx(e.logprobs, abs=LOGPROB_TOLERANCE)
+
+
+def test_refuses_what_it_does_not_compute():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
+    assert not supports(model)
+    with pytest.raises(ValueError, match="use backend 'hf'"):
+        EnginePolicy(model, None)
+
+
+def test_make_policy_engine_backend(shop):
+    config, model, tokenizer, _ = shop
+    assert isinstance(make_policy(get_preset("tiny-agent", backend="engine"), model, tokenizer), EnginePolicy)
+    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+        EnginePolicy(model, tokenizer).generate([[]], SamplingParams(4))
