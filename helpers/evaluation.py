@@ -9,7 +9,9 @@
     python -m helpers.evaluate --preset tiny-cpu --adapter runs/tiny-cpu-seed0/checkpoint-50 --n 200 --seed 1234   # the command
 
 The same function runs before training, every ``eval_every`` steps and at the end,
-so every run reports *before -> after* on the same tasks with the same settings.
+so every run reports *before -> after* on the same tasks with the same settings (the
+evaluations in between may take only the first ``eval_subset`` of those tasks, to save time:
+``helpers.loop``).
 
 Two ways of asking "can it solve this task?":
 

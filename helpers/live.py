@@ -15,8 +15,10 @@ Outside a notebook (``python -m helpers.train``) every update prints one line.
 (``report_to``), under the same names.
 
 Simplification: the figure is redrawn from scratch on every update (six small
-line plots); at one update per training step this costs a few milliseconds,
-far below a step's time, so blitting is not worth its complexity.
+line plots). That costs about a second per update on a 2-core CPU (matplotlib's text
+layout and PNG encoding), so in a notebook each training step takes about a second
+longer than on the command line, which draws the figure once, at the end
+(``curves.png``); blitting would cut it, at the price of its complexity.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ LINE_FIELDS = [
     ("eval/success", "EVAL greedy {:.3f}"),
     ("eval/pass@1", "sampled {:.3f}"),
     ("eval/tool_calls", "tools {:.2f}"),
+    ("eval/n", "n={}"),  # held-out tasks: all eval_tasks, or eval_subset between the first and the last evaluation
 ]
 
 

@@ -23,12 +23,18 @@ and ``policy.sync()``, logging, health checks, checkpoints, resume) is this one 
 The run folder (``runs/<preset>-seed<seed>/`` by default) gets:
 
     config.json          the full config of the run
-    metrics.jsonl        one line per step (step 0 = the evaluation before training), TRL's metric names
+    metrics.jsonl        one line per step (step 0 = the evaluation before training), TRL's metric names,
+                         and the step's seconds: t_rollout, t_reward, t_update, t_eval, t_save
     trajectories/        sampled training episodes every ``log_trajectories_every`` steps (JSONL)
     eval/                per-task evaluation records (and the greedy episodes) before, during and after
     curves.png           the live curves, saved at the end
-    summary.json         before, after, wall-clock and CPU time (and what the collector adds)
+    summary.json         before, after, wall-clock and CPU time, the time split (and what the collector adds)
     checkpoint-<step>/   adapter + optimizer + RNG + collector state (the last two are kept; written atomically)
+
+Where the time went: the run ends with a line splitting its wall-clock time into ``TIME_SPLIT``'s
+parts, kept in summary.json as ``time_split`` (seconds; ``other`` is what the parts leave over).
+A step's ``t_save`` is what it wrote before its metrics line (trajectories, evaluation files); the
+checkpoint written after that line, the metrics lines and the curves count in the run's ``save``.
 
 Health checks (``helpers.health.check_health``) watch the metrics for the classic failures
 and print a warning (counted in the metrics as ``warn/<kind>``).
@@ -46,6 +52,10 @@ Simplifications, named:
 - Evaluations between the first and the last sample one episode per task (``eval/pass@1``,
   the sampled success rate) besides the greedy one; pass@k costs k episodes per task, so it
   is measured before and after only. ``pass_k = 0`` turns sampled evaluation off.
+- With ``eval_subset = N`` those evaluations in between run on the first N held-out tasks only
+  (always the same N, so the curve's points compare with one another, and ``eval/n`` says N);
+  the before and after figures are always on all ``eval_tasks``. The curve is then a cheaper,
+  noisier estimate (its standard error grows as 1/sqrt(N)) of the same quantity.
 - The evaluation tasks are fixed (the test split drawn with seed 0, the same for every
   run seed) so seeds compare; training never samples from the test split.
 
@@ -71,6 +81,15 @@ from helpers.registry import register
 TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
 KEEP_CHECKPOINTS = 2  # older checkpoint folders are deleted (a GSM8K adapter + optimizer is ~200 MB)
 EVAL_SEED = 0  # the held-out tasks: the test split drawn with this seed, whatever the run's seed
+# The parts of a run's wall-clock time (summary.json's time_split; "other" is the remainder):
+TIME_SPLIT = (
+    "startup",  # from the call to the first evaluation: imports, data, model load (a resumed run: the checkpoint)
+    "rollout",  # sampling the training episodes (t_rollout)
+    "reward",  # scoring them and the advantages (t_reward)
+    "update",  # the GRPO update, the KL measurement, the sampler's sync (t_update)
+    "eval",  # held-out evaluations (t_eval)
+    "save",  # writing: trajectories, evaluation files, metrics lines, checkpoints, the curves (t_save and the rest)
+)
 
 
 def env_factory(config: TrainConfig):
@@ -142,6 +161,22 @@ class ResumeError(ValueError):
 
 class RunFolderBusy(RuntimeError):
     """Another run holds the run folder."""
+
+
+@contextmanager
+def torch_threads(count: int):
+    """Run the block with torch computing on ``count`` CPU threads; 0 leaves torch's setting alone.
+    The caller's setting comes back afterwards (a notebook's later cells keep theirs)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count > 0:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if count > 0:
+            torch.set_num_threads(before)
 
 
 @contextmanager
@@ -287,6 +322,7 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)  # health warnings, "step N: message"
     wall_s: float = 0.0  # wall-clock seconds of this call (a resumed run: since the resume)
     cpu_s: float = 0.0  # CPU seconds of this process, all threads (on a shared machine, wall time lies)
+    time_split: dict[str, float] = field(default_factory=dict)  # wall_s by part: TIME_SPLIT's and "other"
 
     def line(self) -> str:
         """The before -> after line every run ends with."""
@@ -297,6 +333,11 @@ class RunResult:
             if key.startswith("pass@") and key in b:
                 text += f" | {key} {b[key]:.3f} -> {a[key]:.3f}"
         return text + f" | {self.wall_s:.0f} s wall, {self.cpu_s:.0f} s CPU"
+
+    def time_line(self) -> str:
+        """Where the wall-clock time went: ``time split: startup 5.1 s (6%) | rollout 40.2 s (47%) | ...``."""
+        parts = [f"{part} {seconds:.1f} s ({seconds / max(self.wall_s, 1e-9):.0%})" for part, seconds in self.time_split.items()]
+        return "time split: " + " | ".join(parts) + f" | wall {self.wall_s:.1f} s"
 
 
 def train(config: TrainConfig, preset_name: str | None = None, live=None) -> RunResult:
@@ -310,12 +351,13 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
 
     Taught in notebooks/06_training_loop.ipynb §2.
     """
+    started = time.perf_counter(), time.process_time()  # the run's wall and CPU clocks start at the call
     run_dir = run_dir_for(config, preset_name)
-    with run_folder_lock(run_dir):
-        return _train(config, run_dir, preset_name, live)
+    with run_folder_lock(run_dir), torch_threads(config.torch_threads):
+        return _train(config, run_dir, preset_name, live, started)
 
 
-def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) -> RunResult:
+def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, started: tuple[float, float]) -> RunResult:
     import torch
 
     from helpers.data import load_dataset, write_jsonl
@@ -329,7 +371,8 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) ->
 
     if config.collect not in COLLECTORS:
         raise KeyError(f"unknown collector {config.collect!r} (config.collect); registered: {sorted(COLLECTORS)}")
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+    t_start, cpu_start = started
+    spent = dict.fromkeys(TIME_SPLIT, 0.0)  # seconds of this call by part
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
     checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
     if checkpoint is None:
@@ -353,21 +396,30 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) ->
     reporters = Reporters(config.report_to, run_dir, config)
 
     def run_eval(step: int) -> dict:
-        # Every evaluation: greedy, plus sampled episodes for the sampled success rate (pass@1): k per
-        # task before and after (pass@k too), one per task in between (the curve, at a k-th of the cost).
+        # Every evaluation: greedy, plus sampled episodes for the sampled success rate (pass@1). Before and
+        # after: all eval tasks, k sampled episodes per task (pass@k too). In between: the first eval_subset
+        # tasks (0: all), one sampled episode per task (the curve, at a fraction of the cost).
         t0 = time.perf_counter()
-        k = config.pass_k if step in (0, config.steps) else min(config.pass_k, 1)
-        result = evaluate(policy, eval_tasks, make_env, k=k, temperature=config.temperature,
+        first_or_last = step in (0, config.steps)
+        k = config.pass_k if first_or_last else min(config.pass_k, 1)
+        tasks = eval_tasks if first_or_last or config.eval_subset <= 0 else eval_tasks[: config.eval_subset]
+        result = evaluate(policy, tasks, make_env, k=k, temperature=config.temperature,
                           max_new_tokens=config.max_new_tokens, seed=config.seed, **limits)
+        t1 = time.perf_counter()
         save_records(run_dir / EVAL_DIR / f"step-{step:04d}.jsonl", result.records)
         save_trajectories(run_dir / EVAL_DIR / f"step-{step:04d}.trajectories.jsonl", result.trajectories)
-        return {**{f"eval/{key}": value for key, value in result.metrics.items()}, "t_eval": time.perf_counter() - t0}
+        return {**{f"eval/{key}": value for key, value in result.metrics.items()}, "t_eval": t1 - t0,
+                "t_save": time.perf_counter() - t1}
 
     def log(metrics: dict) -> None:
+        t0 = time.perf_counter()
         history.append(metrics)
         write_jsonl(run_dir / "metrics.jsonl", [metrics], mode="a")
         reporters.log({key: value for key, value in metrics.items() if value is not None})
         live.update(metrics["step"], metrics)
+        for part in ("rollout", "reward", "update", "eval", "save"):  # the step's own seconds, then this line's writing
+            spent[part] += metrics.get(f"t_{part}", 0.0)
+        spent["save"] += time.perf_counter() - t0
 
     history: list[dict] = []
     warned: list[str] = []
@@ -379,7 +431,8 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) ->
         for metrics in history:
             live.record(metrics["step"], metrics)
         print(f"resumed from {checkpoint.relative_to(run_dir.parent)} at step {trainer.step}")
-    else:
+    spent["startup"] = time.perf_counter() - t_start
+    if checkpoint is None:
         log({"step": 0, **run_eval(0)})
 
     for step in range(trainer.step + 1, config.steps + 1):
@@ -399,8 +452,10 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) ->
                    "t_reward": batch_of_step.t_reward, "t_update": t2 - t1}
         if config.log_trajectories_every > 0 and step % config.log_trajectories_every == 0:
             save_trajectories(run_dir / TRAJECTORY_DIR / f"step-{step:04d}.jsonl", batch_of_step.trajectories)
+        metrics["t_save"] = time.perf_counter() - t2
         if step == config.steps or (config.eval_every > 0 and step % config.eval_every == 0):
-            metrics.update(run_eval(step))
+            evaluated = run_eval(step)
+            metrics.update(evaluated, t_save=metrics["t_save"] + evaluated["t_save"])
         found = check_health(history + [metrics])
         metrics.update({f"warn/{kind}": (history[-1] if history else {}).get(f"warn/{kind}", 0) + sum(k == kind for k, _ in found)
                         for kind in HEALTH_KINDS})
@@ -409,19 +464,26 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live) ->
             print(f"WARNING step {step}: {message}", flush=True)
         log(metrics)
         if (config.save_every > 0 and step % config.save_every == 0) or step == config.steps:
+            t3 = time.perf_counter()
             save_checkpoint(trainer, run_dir, step, {"collector": collect.state_dict(), "history": history, "warnings": warned})
+            spent["save"] += time.perf_counter() - t3
 
-    before = {key[len("eval/"):]: value for key, value in history[0].items() if key.startswith("eval/")}
-    after = {key[len("eval/"):]: value for key, value in history[-1].items() if key.startswith("eval/")}
-    result = RunResult(run_dir, config, before, after, history, warned,
-                       time.perf_counter() - t_start, time.process_time() - cpu_start)
+    t0 = time.perf_counter()
     live.save(run_dir / "curves.png")  # in the run folder, whatever folder the live object was made with
     reporters.close()
+    spent["save"] += time.perf_counter() - t0
+    wall_s, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
+    before = {key[len("eval/"):]: value for key, value in history[0].items() if key.startswith("eval/")}
+    after = {key[len("eval/"):]: value for key, value in history[-1].items() if key.startswith("eval/")}
+    result = RunResult(run_dir, config, before, after, history, warned, wall_s, cpu_s,
+                       {**spent, "other": wall_s - sum(spent.values())})
     extra_summary = collect.summary(history)
     (run_dir / "summary.json").write_text(json.dumps(
         {"preset": preset_name, "before": before, "after": after, **extra_summary, "wall_s": result.wall_s,
-         "cpu_s": result.cpu_s, "warnings": warned, "torch_threads": torch.get_num_threads()}, indent=2, default=str))
+         "cpu_s": result.cpu_s, "time_split": result.time_split, "warnings": warned,
+         "torch_threads": torch.get_num_threads()}, indent=2, default=str))
     print(result.line(), flush=True)
+    print(result.time_line(), flush=True)
     if extra_summary:
         print(json.dumps(extra_summary, default=str), flush=True)
     return result

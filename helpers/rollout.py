@@ -41,6 +41,21 @@ The assistant's end of turn is handled like this:
   so it is not trained on: the model learns to stop at ``</tool_call>`` and the
   scaffolding closes the turn.
 
+Each distinct prompt and each distinct observation is rendered once per call
+(``TemplateMemo``). Rendering the whole conversation twice per observation was most of a
+rollout's host-side time, and the G episodes of a group repeat one another: one prompt,
+often the same tool results. The suffix after an assistant turn depends only on the new
+messages (and the tools), for two reasons: the template only appends, rendering each
+message from the message itself and the role of the one before it (here always the
+assistant's); and ``<|im_end|>`` is a special token, which the tokenizer never merges
+with its neighbours, so the tokens after it depend only on the text after it. So the
+first episode that meets an observation computes its suffix the full way above, with the
+checks (the template only appends; the rendered conversation is the episode's tokens,
+when the episode has not drifted), and the episodes that meet the same observation later
+reuse those tokens unchecked. A template that looked further back would pass a key's
+first check and could be wrong on a later hit; ``tests/test_rollout_tokens.py`` renders
+every world's finished episodes from scratch and compares them token for token.
+
 When an episode ends (``stop_reason``):
 
 * the env says done: its own reason (``answered``, ``max_steps``, ``error`` ...);
@@ -73,6 +88,7 @@ Simplifications, named:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -155,7 +171,7 @@ class RolloutStats:
     generate_calls: int = 0  # batched policy.generate calls (one per turn)
     generate_s: float = 0.0  # inside policy.generate
     env_s: float = 0.0  # env.reset + env.step (tool calls)
-    render_s: float = 0.0  # chat-template rendering of prompts and observations
+    render_s: float = 0.0  # tokenizer work: rendering prompts and observations, decoding turns, the drift check
     total_s: float = 0.0
     retokenize_drift: int = 0  # turns whose tokens differ from the re-tokenised text (why TITO matters)
 
@@ -212,12 +228,44 @@ def observation_tokens(
             "the chat template rewrites earlier turns when a message is added, so observations cannot be "
             "appended as tokens; use a template that only appends (Qwen2.5's and the tiny one do)"
         )
-    eos_positions = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    if not eos_positions:
+    if tokenizer.eos_token_id not in prefix:
         raise ValueError("the chat template does not end the assistant turn with the eos token")
-    if tokens_so_far is not None and prefix[: eos_positions[-1] + 1] != tokens_so_far:
+    last_eos = len(prefix) - 1 - prefix[::-1].index(tokenizer.eos_token_id)
+    if tokens_so_far is not None and prefix[: last_eos + 1] != tokens_so_far:
         raise AssertionError("token-in/token-out broke: the rendered conversation differs from the episode's tokens")
-    return full[eos_positions[-1] + 1 :]
+    return full[last_eos + 1 :]
+
+
+class TemplateMemo:
+    """The chat template of one rollout call, rendered once per distinct prompt and once per
+    distinct observation (module docstring: why an observation's tokens depend only on its
+    messages). Keys are the messages and tools as JSON; values are token ids."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompts: dict[str, list[int]] = {}  # (messages, tools) -> prompt tokens
+        self.suffixes: dict[str, list[int]] = {}  # (new messages, tools) -> observation tokens
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        key = memo_key(messages, tools)
+        if key not in self.prompts:
+            self.prompts[key] = render(self.tokenizer, messages, tools, add_generation_prompt=True)
+        return self.prompts[key]
+
+    def observation(
+        self, messages: list[dict], new_messages: list[dict], tools: list[dict] | None, tokens_so_far: list[int] | None
+    ) -> list[int]:
+        """``observation_tokens``: computed, with its checks, the first time ``new_messages`` are seen."""
+        key = memo_key(new_messages, tools)
+        if key not in self.suffixes:
+            self.suffixes[key] = observation_tokens(self.tokenizer, messages, new_messages, tools, tokens_so_far)
+        return self.suffixes[key]
+
+
+def memo_key(messages: list[dict], tools: list[dict] | None) -> str:
+    """Messages and tools as one string, in their own key order (the template prints them in that
+    order); a value JSON cannot hold is written as its ``str``, as the template prints it."""
+    return json.dumps([messages, tools], default=str)
 
 
 @dataclass
@@ -296,6 +344,7 @@ def rollout(
     if not sampling.stop_token_ids:
         sampling = replace(sampling, stop_token_ids=stop_token_ids(tokenizer))
     stats = RolloutStats(episodes=len(tasks) * group_size)
+    memo = TemplateMemo(tokenizer)
     t_start = time.perf_counter()
     bar = tqdm(total=stats.episodes, desc="episodes", disable=not progress, leave=False)
 
@@ -324,7 +373,7 @@ def rollout(
                 env = Episode(env, max_steps=max_steps, step_timeout=step_timeout, episode_timeout=episode_timeout)
             messages = list(env.reset(task))
             t1 = time.perf_counter()
-            ids = render(tokenizer, messages, env.tools, add_generation_prompt=True)
+            ids = memo.prompt(messages, env.tools)
             stats.env_s += t1 - t0
             stats.render_s += time.perf_counter() - t1
             ep = _Episode(task, g, env, messages, list(ids), start=t0, mask=[0] * len(ids), logprobs=[0.0] * len(ids))
@@ -341,10 +390,12 @@ def rollout(
         params = replace(sampling, max_new_tokens=max(budgets), seed=seed)
         t0 = time.perf_counter()
         generations = policy.generate([ep.token_ids for ep in live], params)
-        stats.generate_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        stats.generate_s += t1 - t0
         stats.generate_calls += 1
-        for ep, gen, budget in zip(live, generations, budgets):
-            _append_turn(ep, gen, budget, tokenizer, stats)
+        _append_turns(live, generations, budgets, tokenizer, stats)
+        stats.render_s += time.perf_counter() - t1
+        for ep in live:
             if ep.last_finish == "length":  # cut mid-turn: not a finished action, so the env never sees it
                 finish(ep, "max_tokens")
         live = [ep for ep in live if ep.stop_reason is None]
@@ -381,7 +432,7 @@ def rollout(
             else:
                 t1 = time.perf_counter()
                 so_far = None if ep.drifted else ep.token_ids
-                suffix = observation_tokens(tokenizer, ep.messages, result.observation, ep.env.tools, so_far)
+                suffix = memo.observation(ep.messages, result.observation, ep.env.tools, so_far)
                 stats.render_s += time.perf_counter() - t1
                 if len(ep.token_ids) + len(suffix) + 2 > max_total_tokens:  # no room left for another turn
                     finish(ep, "max_tokens")
@@ -397,36 +448,43 @@ def rollout(
     return Rollout([ep.to_trajectory() for ep in episodes], stats)
 
 
-def _append_turn(ep: _Episode, gen: Generation, budget: int, tokenizer, stats: RolloutStats) -> None:
-    """Append one sampled turn to the episode: tokens (mask 1), log-probs, and the message.
+def _append_turns(episodes: list[_Episode], generations: list[Generation], budgets: list[int], tokenizer,
+                  stats: RolloutStats) -> None:
+    """Append one sampled turn to each episode: tokens (mask 1), log-probs, and the message.
 
-    If the turn did not end on the eos (it stopped at ``</tool_call>``, or ran out of
+    If a turn did not end on the eos (it stopped at ``</tool_call>``, or ran out of
     tokens), the template's end-of-turn token is appended with mask 0 (see module docstring).
+    The turns' texts are decoded, and encoded again for the drift check, in one batched
+    tokenizer call each.
     """
-    token_ids, logprobs, finish_reason = gen.token_ids, gen.logprobs, gen.finish_reason
-    if len(token_ids) > budget:  # this row's own budget is smaller than the batch's
-        token_ids, logprobs, finish_reason = token_ids[:budget], logprobs[:budget], "length"
     eos = tokenizer.eos_token_id
-    ended_on_eos = bool(token_ids) and token_ids[-1] == eos
-    text = tokenizer.decode(token_ids[:-1] if ended_on_eos else token_ids, skip_special_tokens=False)
+    turns = []  # (token_ids, logprobs, finish_reason) of each row, cut to its own budget
+    for gen, budget in zip(generations, budgets):
+        if len(gen.token_ids) > budget:  # this row's own budget is smaller than the batch's
+            turns.append((gen.token_ids[:budget], gen.logprobs[:budget], "length"))
+        else:
+            turns.append((gen.token_ids, gen.logprobs, gen.finish_reason))
+    # The text of a turn is its tokens without the eos: the template writes that one itself.
+    bodies = [ids[:-1] if ids and ids[-1] == eos else ids for ids, _, _ in turns]
+    texts = tokenizer.batch_decode(bodies, skip_special_tokens=False)
+    again = tokenizer(texts, add_special_tokens=False)["input_ids"]  # TITO check: the sampled tokens back?
 
-    # TITO check: does re-tokenising the turn's text give back the sampled tokens?
-    if tokenizer.encode(text, add_special_tokens=False) != (token_ids[:-1] if ended_on_eos else token_ids):
-        stats.retokenize_drift += 1
-        ep.drifted = True
-
-    ep.token_ids += token_ids
-    ep.mask += [1] * len(token_ids)
-    ep.logprobs += list(logprobs)
-    if not ended_on_eos:
-        ep.token_ids.append(eos)
-        ep.mask.append(0)
-        ep.logprobs.append(0.0)
-    ep.messages.append({"role": "assistant", "content": text})
-    ep.turns += 1
-    ep.last_action, ep.last_finish = text, finish_reason
-    stats.turns += 1
-    stats.generated_tokens += len(token_ids)
+    for ep, (token_ids, logprobs, finish_reason), body, text, encoded in zip(episodes, turns, bodies, texts, again):
+        if encoded != body:
+            stats.retokenize_drift += 1
+            ep.drifted = True
+        ep.token_ids += token_ids
+        ep.mask += [1] * len(token_ids)
+        ep.logprobs += list(logprobs)
+        if len(body) == len(token_ids):  # did not end on the eos: the scaffolding closes the turn
+            ep.token_ids.append(eos)
+            ep.mask.append(0)
+            ep.logprobs.append(0.0)
+        ep.messages.append({"role": "assistant", "content": text})
+        ep.turns += 1
+        ep.last_action, ep.last_finish = text, finish_reason
+        stats.turns += 1
+        stats.generated_tokens += len(token_ids)
 
 
 # --- saving and loading ----------------------------------------------------------------------
@@ -436,9 +494,16 @@ def save_trajectories(path: str | Path, trajectories: list[Trajectory]) -> None:
     """Write one JSON object per line (the Task nested as a dict). Non-JSON values in
     ``info`` (a Fraction, say) are written as their ``str``.
 
+    ``asdict``, but the three per-token lists go in as they are: copying every number of every
+    episode was most of the time an evaluation's file took to write (numbers need no converting).
+
     Taught in notebooks/03_rollout.ipynb §6.
     """
-    write_jsonl(path, [asdict(traj) for traj in trajectories])
+    rows = []
+    for traj in trajectories:
+        per_token = {"token_ids": traj.token_ids, "mask": traj.mask, "logprobs": traj.logprobs}
+        rows.append({**asdict(replace(traj, token_ids=[], mask=[], logprobs=[])), **per_token})  # same keys, same order
+    write_jsonl(path, rows)
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:

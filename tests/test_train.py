@@ -9,13 +9,15 @@ from safetensors.torch import load_file
 import helpers.train
 from helpers.config import get_preset
 from helpers.health import check_health
+from helpers.evaluation import load_records
 from helpers.live import LiveCurves
+from helpers.loop import TIME_SPLIT
 from helpers.paths import ROOT
 from helpers.rollout import load_trajectories
 from helpers.train import build_parser, main, train
 from helpers.worlds.tinymodel import load_tokenizer
 
-TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")
+TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "t_save", "tokens_per_s")
 
 
 def test_cli_flags_are_typed_from_the_dataclass():
@@ -26,6 +28,8 @@ def test_cli_flags_are_typed_from_the_dataclass():
     assert args == {"preset": "tiny-cpu", "steps": 7, "lr": 1e-4, "resume": True, "max_train_tasks": None,
                     "lora_target_modules": ["q_proj", "v_proj"], "rewards": {"correct": 1.0, "format": 0.1}, "seed": 2}
     assert vars(build_parser().parse_args(["--eval_every", "5"])) == {"preset": "tiny-cpu", "eval_every": 5}
+    assert vars(build_parser().parse_args(["--torch-threads", "2", "--eval-subset", "50"])) == {
+        "preset": "tiny-cpu", "torch_threads": 2, "eval_subset": 50}
     with pytest.raises(SystemExit):  # a typo in a value is a one-line argparse error, not a crash later
         build_parser().parse_args(["--steps", "ten"])
 
@@ -107,12 +111,28 @@ class KillAt(LiveCurves):
 def short_config(out_dir, **kw):
     # "length" keeps rewards spread within groups whatever the checkpoint's skill, so every step updates the adapter.
     settings = dict(steps=4, tasks_per_step=2, num_generations=4, max_new_tokens=16, max_total_tokens=128, eval_tasks=3,
-                    pass_k=2, eval_every=2, save_every=2, log_trajectories_every=2, rewards={"correct": 1.0, "length": 1.0}, lr=1e-3)
+                    eval_subset=2, pass_k=2, eval_every=2, save_every=2, log_trajectories_every=2,
+                    rewards={"correct": 1.0, "length": 1.0}, lr=1e-3)
     return get_preset("tiny-cpu", **{**settings, **kw}, out_dir=str(out_dir))
 
 
 def without_timing(history):
     return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+
+
+def test_torch_threads_holds_for_the_run_and_is_given_back():
+    from helpers.loop import torch_threads
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2  # the caller's setting again
+        with torch_threads(0):  # 0: torch's setting, untouched
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -139,6 +159,16 @@ def test_short_run_and_kill_resume_give_the_same_numbers(tmp_path, one_thread):
     assert "eval/pass@2" in lines[0] and "eval/success" in lines[2] and "eval/pass@2" not in lines[2]
     assert "eval/pass@1" in lines[2]  # one sampled episode per task in between: the sampled-success curve
     assert "eval/pass@2" in lines[4] and "eval/success" not in lines[1]
+    # Before and after on all eval_tasks; in between on the first eval_subset of the same tasks.
+    assert [m.get("eval/n") for m in lines] == [3, None, 2, None, 3]
+    ids = {step: [r["task_id"] for r in load_records(run / "eval" / f"step-{step:04d}.jsonl")] for step in (0, 2, 4)}
+    assert ids[2] == ids[0][:2] and ids[4] == ids[0]
+    # The time split: every part measured, the parts and "other" summing to the wall time.
+    split = summary["time_split"]
+    assert list(split) == [*TIME_SPLIT, "other"] and split == full.time_split
+    assert sum(split.values()) == pytest.approx(summary["wall_s"]) and min(split.values()) >= 0
+    assert all(split[part] > 0 for part in TIME_SPLIT)
+    assert all(m["t_save"] >= 0 for m in lines) and summary["torch_threads"] == torch.get_num_threads()
     assert (run / "curves.png").exists() and (run / "trajectories" / "step-0002.jsonl").exists()
     assert (run / "eval" / "step-0004.jsonl").exists() and (run / "checkpoint-4").exists()
     assert full.line().startswith("before -> after (held-out, n=3): greedy success")
