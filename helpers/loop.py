@@ -150,9 +150,9 @@ def save_checkpoint(trainer, run_dir: Path, step: int, extra_state: dict) -> Non
 # Resume, honestly: the same settings, an intact checkpoint, one run per folder
 # ----------------------------------------------------------------------------------------------
 
-# Fields a resumed run may change: they decide where and what is logged and saved, not what is trained
-# (a run folder copied elsewhere resumes there).
-RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every")
+# Fields a resumed run may change: they decide where and what is logged and saved, or how many cores
+# compute it, not what is trained (a run folder copied to another machine resumes there).
+RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every", "torch_threads")
 
 
 class ResumeError(ValueError):
@@ -227,6 +227,8 @@ def resumable_checkpoint(run_dir: Path, config: TrainConfig) -> Path | None:
         raise ResumeError(f"resume: {run_dir} has checkpoints but no config.json, so its settings are unknown; start a new run")
     saved = json.loads((run_dir / "config.json").read_text())
     now = json.loads(json.dumps(asdict(config)))  # as config.json holds it (tuples as lists)
+    # a field added to the config after the run was saved: the run used what is now its default
+    saved = {**json.loads(json.dumps(asdict(type(config)()))), **saved}
     changed = [f"{name} {saved.get(name)!r} -> {value!r}" for name, value in now.items()
                if name not in RESUME_FREE and saved.get(name) != value]
     if changed:

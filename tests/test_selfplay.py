@@ -17,7 +17,7 @@ from helpers.worlds.selfplay.collect import learnability, role_advantages
 from helpers.worlds.selfplay.env import check_proposal, difficulty, proposer_task
 from helpers.worlds.selfplay.tasks import selfplay_dataset
 
-TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "tokens_per_s")
+TIMING = ("t_rollout", "t_reward", "t_update", "t_eval", "t_save", "tokens_per_s")
 
 
 def test_learnability_on_hand_computed_groups():

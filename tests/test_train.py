@@ -202,6 +202,11 @@ def test_resume_refuses_other_settings_falls_back_past_a_damaged_checkpoint_and_
         assert named in str(refused.value) and "\n" not in str(refused.value)
     assert (run / "config.json").read_text() == saved_config and (run / "checkpoint-2").is_dir()
 
+    # A run saved before a field was added to the config (its config.json lacks it) ran with that field's default.
+    older = __import__("json").loads(saved_config)
+    del older["mask_truncated_completions"]
+    (run / "config.json").write_text(__import__("json").dumps(older))
+
     # A damaged newest checkpoint: found by its checksums, said so, and the run goes on from the one before it.
     adapter = run / "checkpoint-2" / "adapter_model.safetensors"
     damaged = bytearray(adapter.read_bytes())
