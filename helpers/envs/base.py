@@ -109,9 +109,12 @@ def tool_schemas(env) -> list[dict]:
     A tool without type hints, or whose docstring has no ``Args:`` line for an argument, raises
     ``get_json_schema``'s own error, naming the argument.
     """
-    methods = tool_methods(env)
-    if not methods:
-        return []
-    from transformers.utils import get_json_schema  # transformers takes a second to import; only tool envs need it
+    if type(env) not in _SCHEMAS:  # a class's tools are the same for every instance: built once per class
+        methods = tool_methods(env)
+        if methods:
+            from transformers.utils import get_json_schema  # transformers takes a second to import; only tool envs need it
+        _SCHEMAS[type(env)] = [get_json_schema(method) for method in methods.values()]
+    return list(_SCHEMAS[type(env)])
 
-    return [get_json_schema(method) for method in methods.values()]
+
+_SCHEMAS: dict[type, list[dict]] = {}  # env class -> its tools' schemas (read, never changed, by the chat template)
