@@ -1,0 +1,39 @@
+"""Serve a workbook environment as an OpenEnv environment: ``python -m helpers.serve_env shop --port 8000``.
+
+    python -m helpers.serve_env shop                                   # http://127.0.0.1:8000, 128 sessions
+    python -m helpers.serve_env mypkg.games:Guess --host 0.0.0.0 --max-sessions 256
+
+Any registered env name (``helpers.envs.list_envs()``, the worlds' included) or ``package.module:ClassName``
+on TRL's contract. Each session (one episode's client, ``helpers.envs.remote.RemoteEnv``) gets its own env
+object; the protocol is ``helpers.envs.remote``'s, the server OpenEnv's own ``create_app`` under uvicorn.
+Serve at least tasks_per_step x num_generations sessions (the episodes of one rollout run at once), and
+as many again while an evaluation runs beside training. This module sits in the top layer because it
+names the worlds' envs (``helpers.worlds`` registers them), which the environment layer may not import.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m helpers.serve_env", description=__doc__.splitlines()[0])
+    parser.add_argument("env", help="a registered env name (e.g. shop) or package.module:ClassName")
+    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves other machines too")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-sessions", type=int, default=128, help="concurrent sessions (episodes) the server holds")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    import helpers.worlds  # noqa: F401  (registers the worlds' envs)
+    from helpers.envs import new_env
+    from helpers.envs.remote import create_server_app
+
+    new_env(args.env)  # an unknown name fails now, with the registry's message, not at the first session
+    app = create_server_app(lambda: new_env(args.env), args.env, max_sessions=args.max_sessions)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""A workbook env served over OpenEnv on loopback (helpers.serve_env) and driven through the client
+(helpers.envs.remote): the same episodes as the local env, many sessions at once, and a training run."""
+
+import concurrent.futures as cf
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+try:
+    import openenv  # noqa: F401
+except ImportError:
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("openenv-core is not installed (pip install -e '.[openenv]')", allow_module_level=True)
+
+import helpers.worlds  # noqa: F401  (registers the shop world)
+from helpers.config import get_preset
+from helpers.data import load_dataset
+from helpers.envs import Episode, make_env, tool_schemas
+from helpers.envs.remote import RemoteEnv
+from helpers.loop import train
+from helpers.paths import ROOT
+from helpers.worlds.shop.env import ShopEnv
+
+# One scripted shop episode: every tool, a malformed call, an unknown tool, a wrong argument, then an answer.
+TURNS = [
+    '<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "lookup", "arguments": {"item": "pen"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "lookup", "arguments": {"thing": "pen"}}\n</tool_call>',
+    '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call><tool_call>\n{"name": bad json</tool_call>',
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*4+1"}}\n</tool_call>',
+    "<answer>13</answer>",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``python -m helpers.serve_env shop`` on a free loopback port; its base URL. Stopped after the module.
+
+    Its log goes to a file: the server logs each closed session's ``WebSocketDisconnect``, and a pipe
+    nobody reads would fill and stop it."""
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+b")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "helpers.serve_env", "shop", "--port", str(port), "--max-sessions", "64"],
+                               cwd=ROOT, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                log.seek(0)
+                pytest.fail(f"the server did not start: {log.read().decode()[-2000:]}")
+            time.sleep(0.2)
+    yield url
+    process.kill()  # terminate would wait for open sessions to close
+    process.wait(timeout=10)
+    log.close()
+
+
+def play(env: Episode, task) -> list:
+    """The scripted episode's messages and results, in a form two envs can be compared by."""
+    seen = [env.reset(task), env.tools]
+    for turn in TURNS:
+        result = env.step(turn)
+        seen.append((result.observation, result.reward, result.terminated, result.truncated, result.info))
+        if result.done:
+            break
+    return seen
+
+
+def test_remote_episode_equals_local(server):
+    remote = RemoteEnv(server)
+    assert tool_schemas(remote) == tool_schemas(ShopEnv())
+    for task in load_dataset("tiny-agent", "test", 3, seed=0):
+        assert play(Episode(RemoteEnv(server)), task) == play(make_env("shop"), task)
+
+
+def test_concurrent_sessions(server):
+    """16 episodes at once, each in its own session, each with its own task's answers."""
+    tasks = load_dataset("tiny-agent", "test", 16, seed=1)
+
+    def episode(task):
+        env = make_env("helpers.envs.remote:RemoteEnv", base_url=server)
+        env.reset(task)
+        usual = env.step('<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>').observation[0]["content"]
+        local = make_env("shop")
+        local.reset(task)
+        return usual == local.step('<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>').observation[0]["content"]
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(episode, tasks))
+
+
+def test_training_through_the_client(server, tmp_path):
+    config = get_preset("tiny-agent", steps=1, tasks_per_step=2, num_generations=2, eval_tasks=2, pass_k=0,
+                        out_dir=str(tmp_path), env="helpers.envs.remote:RemoteEnv", env_kwargs={"base_url": server})
+    result = train(config)
+    assert result.history[-1]["step"] == 1 and result.after
