@@ -8,6 +8,7 @@
     gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb, gsm8k-24gb-tools, gsm8k-t4, and CPU smoke presets)
     reasoning_gym/  reasoning-gym's generators, "reasoning_gym/<generator>", each scored by its own verifier (reasoning-gym-cpu)
     humaneval/    HumanEval's 164 problems, their own tests run in the workbook's sandbox (a benchmark: test split only)
+    gaia/         GAIA's validation questions (gated: a Hugging Face token), scored by the leaderboard's question_scorer (a benchmark)
     tinymodel.py  the tiny-model toolkit the tiny worlds share: chat template, tokenizer, model shape, save/load
 
 A world plugs into the lower layers through their registries only (``register_dataset``,
