@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from helpers.policy.base import Generation, SamplingParams
-from helpers.policy.hf import sample_next
+from helpers.policy.hf import Continuations, sample_next, start_sampling
 
 SUPPORTED = ("qwen2", "llama")  # config.model_type of the decoders the engine computes exactly
 
@@ -254,9 +254,9 @@ class EnginePolicy:
         k, v = self._buffers[spare]
         return k[:, :rows, :, :width], v[:, :rows, :, :width]
 
-    def _swap(self, a: torch.Tensor, b: torch.Tensor, span: int) -> None:
-        """Exchange cache rows ``a`` and ``b`` (index tensors of equal length), their first ``span`` positions."""
-        to, frm = torch.cat([a, b]), torch.cat([b, a])
+    def _move_rows(self, to: torch.Tensor, frm: torch.Tensor, span: int) -> None:
+        """Copy cache rows ``frm`` to rows ``to``, their first ``span`` positions (a swap when ``to`` is ``frm``
+        reordered: the rows are read before any is written)."""
         for cache in (self.cache_k, self.cache_v):
             used = cache[:, :, :, :span]
             used.index_copy_(1, to, used.index_select(1, frm))
@@ -266,16 +266,11 @@ class EnginePolicy:
         """Sample one continuation per prompt, as ``HFPolicy.generate`` does (same draws for the same seed)."""
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        generator, stop_ids = start_sampling(prompts, params, self.device)
         width = max(len(p) for p in prompts) + params.max_new_tokens
         if width > self.w.cos.shape[0]:
             raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens + {params.max_new_tokens} new ones exceeds "
                              f"the model's {self.w.cos.shape[0]} positions")
-        generator = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
         B = len(prompts)
         # Identical prompts (the G samples of a task share their first prompt, and often their first turns)
         # are computed once: their first copies take the front rows of the cache, the repeats the rest.
@@ -301,41 +296,36 @@ class EnginePolicy:
                 cache[:, len(unique):] = cache[:, copied]
             logits, lengths = torch.cat([logits, logits[copied]]), torch.cat([lengths, lengths[copied]])
         order = torch.tensor(layout, device=self.device)  # (L,) cache row r holds the live row of prompts[order[r]]
-        self._finished: dict[int, tuple[int, int]] = {}  # prompt -> (cache row, cached tokens), as rows finish
+        finished: dict[int, tuple[int, int]] = {}  # prompt -> (cache row, cached tokens), as rows finish
 
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        logprobs: list[list[float]] = [[] for _ in range(B)]
-        finish = ["length"] * B
+        sampled = Continuations(B)
         for step in range(params.max_new_tokens):
             # Sample in the prompts' order (as HFPolicy does), so a seed gives the same draws.
             by_prompt = order.argsort()
             token, logprob = sample_next(logits[by_prompt], params.temperature, params.top_p, generator)
             token, logprob = token[by_prompt.argsort()], logprob[by_prompt.argsort()]  # back to cache-row order
-            for prompt, t, lp in zip(order.tolist(), token.tolist(), logprob.tolist()):
-                tokens[prompt].append(t)
-                logprobs[prompt].append(lp)
-            stopped = torch.isin(token, stop_ids)  # (L,)
-            for prompt in order[stopped].tolist():
-                finish[prompt] = "stop"
+            stopped = sampled.add(order, token, logprob, stop_ids)  # (L,)
             if step == params.max_new_tokens - 1 or bool(stopped.all()):
                 break
             if bool(stopped.any()):  # finished rows move behind the live ones (their keys are kept for the next turn)
                 live = len(order) - int(stopped.sum())
                 holes = stopped[:live].nonzero().squeeze(-1)  # finished rows in the front part
                 movers = (~stopped[live:]).nonzero().squeeze(-1) + live  # live rows in the back part
-                self._swap(holes, movers, span=int(lengths.max()))
+                to, frm = torch.cat([holes, movers]), torch.cat([movers, holes])
+                self._move_rows(to, frm, span=int(lengths.max()))
                 for t in (order, lengths, token):
-                    t[torch.cat([holes, movers])] = t[torch.cat([movers, holes])]
-                self._retire(order[live:], lengths[live:], first_row=live)
+                    t[to] = t[frm]
+                retire(finished, order[live:], lengths[live:], first_row=live)
                 order, lengths, token = order[:live], lengths[:live], token[:live]
             logits = self._forward(token[:, None], lengths, torch.ones_like(lengths))  # (L, V): one new token per row
             lengths = lengths + 1
-        self._retire(order, lengths, first_row=0)
-        self.cached = {tuple(prompts[p] + tokens[p]): where for p, where in self._finished.items()}
-        return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finish)]
+        retire(finished, order, lengths, first_row=0)
+        self.cached = {tuple(prompts[p] + sampled.tokens[p]): where for p, where in finished.items()}
+        return sampled.generations()
 
-    def _retire(self, order: torch.Tensor, lengths: torch.Tensor, first_row: int) -> None:
-        """Note where the rows of prompts ``order`` ended: cache rows ``first_row, first_row + 1, ...``,
-        with ``lengths`` tokens' keys in them (every token but the last sampled one)."""
-        for i, (prompt, n) in enumerate(zip(order.tolist(), lengths.tolist())):
-            self._finished[prompt] = (first_row + i, n)
+
+def retire(finished: dict[int, tuple[int, int]], order: torch.Tensor, lengths: torch.Tensor, first_row: int) -> None:
+    """Note in ``finished`` where the rows of prompts ``order`` ended: cache rows ``first_row, first_row + 1, ...``,
+    with ``lengths`` tokens' keys in them (every token but the last sampled one)."""
+    for i, (prompt, n) in enumerate(zip(order.tolist(), lengths.tolist())):
+        finished[prompt] = (first_row + i, n)

@@ -76,14 +76,7 @@ class HFPolicy:
         """Sample one continuation per prompt; all prompts advance together, one token per step."""
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
+        generator, stop_ids = start_sampling(prompts, params, self.device)
 
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling: the log-probs must be the policy's own
@@ -102,19 +95,11 @@ class HFPolicy:
             logits = out.logits[:, -1, :].float()  # (B, V): prediction for each row's first new token
             next_position = position_ids[:, -1] + 1  # (B,)
 
-            B = len(prompts)
-            tokens: list[list[int]] = [[] for _ in range(B)]
-            logprobs: list[list[float]] = [[] for _ in range(B)]
-            finish = ["length"] * B
-            live = torch.arange(B, device=self.device)  # (L,) original row index of each live row
+            sampled = Continuations(len(prompts))
+            live = torch.arange(len(prompts), device=self.device)  # (L,) original row index of each live row
             for step in range(params.max_new_tokens):
                 token, logprob = sample_next(logits, params.temperature, params.top_p, generator)  # (L,), (L,)
-                for row, t, lp in zip(live.tolist(), token.tolist(), logprob.tolist()):
-                    tokens[row].append(t)
-                    logprobs[row].append(lp)
-                stopped = torch.isin(token, stop_ids)  # (L,)
-                for row in live[stopped].tolist():
-                    finish[row] = "stop"
+                stopped = sampled.add(live, token, logprob, stop_ids)  # (L,)
                 if step == params.max_new_tokens - 1 or bool(stopped.all()):
                     break
                 if bool(stopped.any()):  # drop finished rows from the batch and the cache
@@ -133,7 +118,7 @@ class HFPolicy:
                 next_position = next_position + 1
         finally:
             self.model.train(was_training)
-        return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finish)]
+        return sampled.generations()
 
     def left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts of different lengths -> ``input_ids`` and ``attention_mask``, both (B, T0), pads on the left."""
@@ -144,6 +129,40 @@ class HFPolicy:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
         return input_ids.to(self.device), attention_mask.to(self.device)
+
+
+def start_sampling(prompts: list[list[int]], params: SamplingParams, device) -> tuple[torch.Generator | None, torch.Tensor]:
+    """Check a ``generate`` request (every prompt has a token, at least one new token is asked for); return
+    its random generator (seeded when ``params.seed`` is set, else None) and its stop token ids, (S,)."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    generator = torch.Generator(device=device).manual_seed(params.seed) if params.seed is not None else None
+    return generator, torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=device)
+
+
+class Continuations:
+    """What has been sampled for each prompt of a ``generate`` call: tokens, their log-probs, finish reason."""
+
+    def __init__(self, n: int):
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.finish = ["length"] * n
+
+    def add(self, rows: torch.Tensor, token: torch.Tensor, logprob: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+        """Append one sampled token to each prompt of ``rows``; return which of them hit a stop token.
+        rows, token, logprob: (L,) prompt indices and what was drawn for them; returns (L,) bool."""
+        for row, t, lp in zip(rows.tolist(), token.tolist(), logprob.tolist()):
+            self.tokens[row].append(t)
+            self.logprobs[row].append(lp)
+        stopped = torch.isin(token, stop_ids)  # (L,)
+        for row in rows[stopped].tolist():
+            self.finish[row] = "stop"
+        return stopped
+
+    def generations(self) -> list[Generation]:
+        return [Generation(t, lp, f) for t, lp, f in zip(self.tokens, self.logprobs, self.finish)]
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None):
