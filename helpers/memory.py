@@ -320,3 +320,50 @@ def check_fits(plan_or_config: MemoryPlan | TrainConfig | str, gpu_gb: float | N
     if not plan.fits:
         raise DoesNotFitError(f"{plan.shape.name} will not fit on {plan.gpu_gb:g} GiB: " + " ".join(plan.problems) + "\n" + plan.table())
     return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# The episode budget: what a run spends on training and on evaluation
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EpisodeBudget:
+    """Episodes a run samples: for training, and for its held-out evaluations (greedy and sampled alike)."""
+
+    train: int  # steps * tasks_per_step * G
+    eval: int  # every evaluation's tasks * (1 greedy + k sampled)
+    evaluations: int  # how many evaluations: before, every eval_every steps, after
+
+    @property
+    def eval_share(self) -> float:
+        """Evaluation's share of all episodes of the run."""
+        return self.eval / (self.train + self.eval)
+
+    def __str__(self) -> str:
+        return (f"{self.train:,} training episodes, {self.eval:,} evaluation episodes in {self.evaluations} evaluations: "
+                f"evaluation is {self.eval_share:.1%} of the run's episodes")
+
+
+def episode_budget(config: TrainConfig | str, eval_pool: int | None = None) -> EpisodeBudget:
+    """Count a run's episodes the way ``helpers.loop.train`` samples them (its ``run_eval``).
+
+    Before and after training each of ``eval_tasks`` held-out tasks (at most ``eval_pool``, the test split's
+    size) is played once greedily and ``pass_k`` times sampled; the evaluations in between play the first
+    ``eval_subset`` tasks (0: all) greedily and once sampled (none when ``pass_k = 0``).
+
+        episode_budget("gsm8k-24gb-tools", eval_pool=1319)   # GSM8K's test split has 1,319 problems
+
+    Simplification, named: an episode is counted as one, whatever its turns and tokens; a multi-turn
+    evaluation episode and a training one cost about the same, so the share of episodes is close to the
+    share of sampling time (the update's time is not counted).
+    """
+    if isinstance(config, str):
+        config = get_preset(config)
+    tasks = min(config.eval_tasks, eval_pool) if eval_pool else config.eval_tasks
+    middle_steps = [s for s in range(1, config.steps) if config.eval_every > 0 and s % config.eval_every == 0]
+    middle_tasks = min(config.eval_subset, tasks) if config.eval_subset > 0 else tasks
+    ends = 2 * tasks * (1 + config.pass_k)
+    middle = len(middle_steps) * middle_tasks * (1 + min(config.pass_k, 1))
+    train = config.steps * config.tasks_per_step * config.num_generations
+    return EpisodeBudget(train=train, eval=ends + middle, evaluations=2 + len(middle_steps))

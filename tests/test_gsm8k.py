@@ -7,7 +7,7 @@ import pytest
 from helpers.config import get_preset
 from helpers.evaluation import breakdown, evaluate, save_records
 from helpers.formats import format_number, to_number
-from helpers.memory import memory_plan
+from helpers.memory import check_fits, memory_plan
 from helpers.paths import GSM8K_SAMPLE, TINY_DIR
 from helpers.policy.base import Generation
 from helpers.trl_compat import batch_split
@@ -26,6 +26,9 @@ def test_gsm8k_24gb_preset_is_what_the_issue_asks_for():
 def test_t4_and_smoke_presets():
     t4 = get_preset("gsm8k-t4")
     assert t4.model == "Qwen/Qwen2.5-0.5B-Instruct" and "bfloat16" not in (t4.dtype, t4.vllm_dtype)  # a T4 has no bf16
+    t4_tools = get_preset("gsm8k-t4-tools")  # the agentic run on a T4: the 0.5B model with the calculator
+    assert (t4_tools.model, t4_tools.env, t4_tools.env_max_steps) == (t4.model, "calculator", get_preset("gsm8k-24gb-tools").env_max_steps)
+    assert check_fits("gsm8k-t4-tools", gpu_gb=15).peak_gib < 15
     smoke = get_preset("gsm8k-cpu-smoke")
     assert (smoke.model, smoke.dataset, smoke.env, smoke.backend, smoke.device) == ("data/tiny", "gsm8k-sample", "math", "hf", "cpu")
 

@@ -3,7 +3,7 @@
 import pytest
 
 from helpers.config import get_preset
-from helpers.memory import GIB, QWEN25, DoesNotFitError, check_fits, memory_plan, model_shape
+from helpers.memory import GIB, QWEN25, DoesNotFitError, check_fits, episode_budget, memory_plan, model_shape
 
 
 def row(plan, name):
@@ -110,3 +110,37 @@ def test_bad_inputs_have_clear_errors():
         memory_plan("gsm8k-24gb", 0)
     with pytest.raises(ValueError, match="needs gpu_gb"):
         check_fits("gsm8k-24gb")
+
+
+def test_episode_budget_by_hand():
+    c = get_preset("tiny-cpu", steps=4, eval_every=2, tasks_per_step=3, num_generations=2, eval_tasks=10, eval_subset=5, pass_k=2)
+    budget = episode_budget(c)
+    assert budget.train == 4 * 3 * 2
+    # before and after: 10 tasks x (1 greedy + 2 sampled); at step 2: 5 tasks x (1 greedy + 1 sampled)
+    assert (budget.eval, budget.evaluations) == (2 * 10 * 3 + 5 * 2, 3)
+    assert budget.eval_share == pytest.approx(70 / 94)
+    assert episode_budget(c, eval_pool=4).eval == 2 * 4 * 3 + 4 * 2  # a test split smaller than eval_tasks
+
+
+def test_episode_budget_counts_what_the_loop_plays(tmp_path):
+    """The count agrees with the episodes a real (tiny) run records in its eval/ folder: one record per task,
+    its greedy episode, and ``correct_of_<k>`` of its k sampled ones."""
+    import json
+
+    from helpers.live import LiveCurves
+    from helpers.train import train
+
+    c = get_preset("tiny-cpu", steps=3, eval_every=1, tasks_per_step=2, num_generations=2, eval_tasks=6, eval_subset=3,
+                   pass_k=2, save_every=0, out_dir=str(tmp_path / "run"))
+    train(c, preset_name="tiny-cpu", live=LiveCurves(None, notebook=False))
+    records = [json.loads(line) for path in sorted((tmp_path / "run" / "eval").glob("step-????.jsonl"))
+               for line in path.read_text().splitlines()]
+    sampled = [int(key.removeprefix("correct_of_")) for record in records for key in record if key.startswith("correct_of_")]
+    assert len(records) + sum(sampled) == episode_budget(c).eval == 2 * 6 * 3 + 2 * 3 * 2
+
+
+@pytest.mark.parametrize("preset", ["gsm8k-24gb", "gsm8k-24gb-tools", "gsm8k-t4", "gsm8k-t4-tools"])
+def test_gsm8k_presets_spend_under_a_fifth_on_evaluation(preset):
+    budget = episode_budget(preset, eval_pool=1319)  # GSM8K's test split
+    assert budget.eval_share < 0.2, str(budget)
+    assert get_preset(preset).eval_tasks >= 1319  # before and after: the whole test split

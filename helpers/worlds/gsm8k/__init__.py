@@ -7,7 +7,7 @@ The world's files:
 
     tasks.py    GSM8K from the hub (dataset "gsm8k") or from a local file in its format ("gsm8k-sample": data/gsm8k_sample.jsonl)
     benchmark.py  the benchmarks "gsm8k" and "gsm8k-sample" (python -m helpers.evaluate --benchmark gsm8k)
-    presets.py  gsm8k-24gb(-tools) and gsm8k-t4 for a GPU, gsm8k(-tools)-cpu-smoke for the CPU path of each
+    presets.py  gsm8k-24gb(-tools) and gsm8k-t4(-tools) for a GPU, gsm8k(-tools)-cpu-smoke for the CPU path of each
 
     python -m helpers.train --preset gsm8k-24gb-tools    # on one 24 GB GPU
 """
