@@ -4,6 +4,7 @@
     python -m helpers.evaluate --benchmark humaneval --preset gsm8k-24gb --k 10          # Qwen2.5-1.5B: pass@1, pass@10
     python -m helpers.evaluate --benchmark reasoning_gym/chain_sum --n 100 --seed 1      # reasoning-gym's verifier, mean score
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
+    python -m helpers.evaluate --preset tiny-agent --base-url http://127.0.0.1:8000/v1   # a served model (vllm serve ...)
 
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
@@ -16,6 +17,11 @@ model (and ``--adapter`` an adapter on it). ``--answers FILE`` scores a file of 
 benchmark's judge and no model (``helpers.evaluation.score_answers``). Both print the benchmark's
 own metrics: pass@k with the unbiased estimator (``pass_at_k_table``) and the mean per-sample
 ``score`` (HumanEval: passed; reasoning-gym: the verifier's value, partial credit included).
+
+``--base-url URL`` plays the episodes through any OpenAI-compatible endpoint instead of a local model
+(``helpers.endpoint``: chat completions with the env's tools; the same envs, judges and metrics):
+``--model`` names the served model (default: the first the server lists), the key is
+``OPENAI_API_KEY`` (or ``--api-key``). The preset then gives only the tasks, env and limits.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
@@ -50,7 +57,7 @@ def benchmark_metrics(result: EvalResult, k: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T] [--k K]
-    [--max-new-tokens M] [--benchmark NAME [--answers FILE]]``
+    [--max-new-tokens M] [--benchmark NAME [--answers FILE]] [--base-url URL [--model NAME] [--api-key KEY]]``
 
     Prints one JSON line: success (greedy, or sampled at ``--temperature`` when it is > 0),
     pass@k, tool calls and turns per episode, and the failure kinds; with ``--benchmark`` also the
@@ -75,6 +82,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="tokens per turn (default: the benchmark's, else the preset's)")
     parser.add_argument("--answers", default=None, metavar="FILE",
                         help="with --benchmark: score this file of model outputs, one {task_id, completion} per line, without a model")
+    parser.add_argument("--base-url", default=None, metavar="URL",
+                        help="an OpenAI-compatible endpoint (http://host:port/v1) plays the episodes instead of a local model")
+    parser.add_argument("--model", default=None, help="with --base-url: the served model's name (default: the first it lists)")
+    parser.add_argument("--api-key", default=None, help="with --base-url: the API key (default: the OPENAI_API_KEY variable)")
     args = parser.parse_args(argv)
     benchmark = None
     if args.benchmark is not None:
@@ -97,20 +108,29 @@ def main(argv: list[str] | None = None) -> dict:
                          max_new_tokens=benchmark.max_new_tokens, max_total_tokens=benchmark.max_total_tokens)
     if args.max_new_tokens is not None:
         config = replace(config, max_new_tokens=args.max_new_tokens)
-    model, tokenizer = load_model(config)
-    if args.adapter is not None:
-        if not (Path(args.adapter) / "adapter_config.json").is_file():
-            parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
-        model = load_adapter(model, args.adapter)
-    model.eval()
-    policy = make_policy(config, model, tokenizer)
+    if args.base_url is not None:  # a served model plays the episodes (helpers.endpoint): the same tasks, envs and numbers
+        if args.adapter is not None:
+            parser.error("--adapter goes on a local model; serve the adapter with the model instead (vllm serve ... --lora-modules)")
+        from helpers.endpoint import Endpoint, evaluate_endpoint
+
+        endpoint = Endpoint(args.base_url, model=args.model, api_key=args.api_key)
+        play, source = partial(evaluate_endpoint, endpoint), {"base_url": args.base_url, "model": endpoint.model}
+    else:
+        if args.model is not None or args.api_key is not None:
+            parser.error("--model and --api-key name a served model: they need --base-url")
+        model, tokenizer = load_model(config)
+        if args.adapter is not None:
+            if not (Path(args.adapter) / "adapter_config.json").is_file():
+                parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
+            model = load_adapter(model, args.adapter)
+        model.eval()
+        play, source = partial(evaluate, make_policy(config, model, tokenizer)), {"adapter": args.adapter}
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
     k = config.pass_k if args.k is None else args.k
-    result = evaluate(policy, tasks, env_factory(config),
-                      k=k, temperature=args.temperature or config.temperature,
-                      greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
-                      max_total_tokens=config.max_total_tokens, seed=args.seed)
-    line = {"preset": args.preset, "adapter": args.adapter, "seed": args.seed, "temperature": args.temperature,
+    result = play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
+                  greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
+                  max_total_tokens=config.max_total_tokens, seed=args.seed)
+    line = {"preset": args.preset, **source, "seed": args.seed, "temperature": args.temperature,
             **result.metrics, "failures": breakdown(result.records)}
     if benchmark is not None:
         line = {"benchmark": args.benchmark, **line, **benchmark_metrics(result, k)}
