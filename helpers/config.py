@@ -59,6 +59,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     loss_type: str = "dapo"  # "grpo" | "dr_grpo" | "dapo", named as in TRL
     scale_rewards: str = "group"  # "group" | "batch" | "none" (Dr. GRPO)
+    advantage: str = "grpo"  # "grpo": one advantage per episode | "gigpo": plus a per-turn one from step groups (helpers.grpo §1b; verl's adv_estimator)
+    step_advantage_w: float = 1.0  # gigpo: omega, the weight of the step-level advantage (verl-agent's name and default)
+    gamma: float = 0.95  # gigpo: the discount of a turn's return, gamma^(turns after it) * reward (verl-agent's ALFWorld setting)
     epsilon_low: float = 0.2  # clip range below 1
     epsilon_high: float = 0.28  # clip range above 1 (DAPO clip-higher)
     beta: float = 0.0  # KL coefficient; 0 as in TRL's default

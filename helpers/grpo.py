@@ -26,11 +26,12 @@ same batch to both (single-turn, and multi-turn with the tool's tokens masked ou
 are the arrows of one step: rewards -> advantages (1) -> log-probs (2) -> loss (3), with
 the batch of padded tensors (4) and the trainer that owns the optimizer (5) around them.
 
-One outcome reward per episode, one advantage per episode: every policy token of a
-multi-turn episode (its tool calls and its final answer alike) shares the episode's
-advantage, and tool / env tokens (mask 0) get none. Turn-level credit assignment (a
-value per turn, or process rewards) is not implemented; it is named here so that no
-one thinks it is.
+One outcome reward per episode, one advantage per episode: under GRPO every policy token
+of a multi-turn episode (its tool calls and its final answer alike) shares the episode's
+advantage, and tool / env tokens (mask 0) get none. ``advantage="gigpo"`` (section 1b)
+adds turn-level credit without a critic: GiGPO's step groups, turns of the same task that
+start from the same state, each judged against the others. Value functions per turn
+(ArCHer) and process rewards are not implemented.
 
 Simplifications (named, so nothing is hidden):
 - The "old" policy of the ratio is the *sampling* policy: ``Trajectory.logprobs``,
@@ -67,6 +68,7 @@ from helpers.rollout import Trajectory
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
+ADVANTAGES = ("grpo", "gigpo")  # TrainConfig.advantage: verl's and ROLL's adv_estimator; TRL has only GRPO's
 TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG, step, extra state (next to the adapter files)
 CHECKSUMS = "checksums.json"  # sha256 of every other file of the checkpoint, written with it
 CHECKPOINT_FILES = ("adapter_model.safetensors", TRAINER_STATE, CHECKSUMS)
@@ -82,6 +84,9 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")  # what save_checkpoint renames 
 class Advantages:
     advantages: torch.Tensor  # (B, G) one number per sampled answer, broadcast to all its tokens
     zero_spread: torch.Tensor  # (B,) bool: all G rewards equal, so the group carries no signal
+    # Turn-level methods (GiGPO, section 1b): [b][g] -> (K,) one number per turn of that episode, which
+    # ``collate`` spreads over the turn's generated tokens. None: every turn takes the episode's number.
+    turn_advantages: list[list[torch.Tensor]] | None = None
 
 
 def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: float = 1e-4) -> Advantages:
@@ -154,6 +159,184 @@ def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_g
     return "\n".join(lines)
 
 
+
+# ----------------------------------------------------------------------------------------------
+# 1b. Turn-level credit: GiGPO's groups inside the group
+# ----------------------------------------------------------------------------------------------
+#
+# GRPO asks one question per episode: was it better than the other G - 1? GiGPO (Feng et al. 2025,
+# Group-in-Group Policy Optimization, arXiv 2505.10978) asks a second one per turn. The G episodes of
+# a task start from the same prompt, and a deterministic world returns the same tool results to the
+# same calls, so several episodes often pass through exactly the same state: an *anchor state*. The
+# turns taken from one anchor state form a *step group*, and each turn is judged against the others
+# in its step group by its discounted return (the reward comes at the end, K turns in all):
+#
+#     A_E(i)   = (R_i - mean_j R_j) / F                       episode level: GRPO's advantage, above
+#     R_i,k    = gamma^(K_i - 1 - k) * R_i                     the return of turn k (reward only at the end)
+#     A_S(i,k) = (R_i,k - mean R_step group) / F               step level: within the turn's step group
+#     A(i,k)   = A_E(i) + omega * A_S(i,k)                     on every generated token of turn k
+#
+# F is the std of the group (scale_rewards="group", verl-agent's mode "mean_std_norm") or 1
+# ("none", its "mean_norm"); a step group of one turn has nothing to compare with: A_S = 0.
+#
+# Worked example (the test tests/test_gigpo.py computes it by hand): one task, G = 3, gamma = 0.5,
+# omega = 1, F = 1. Episode 0 calls usual(), lookup(cake), calculator(...) and answers right (R = 1,
+# K = 4); episode 1 calls usual(), lookup(cake) and then guesses the bill (R = 0, K = 3); episode 2
+# calls lookup(key) and answers (R = 0, K = 2).
+#
+#     A_E = (+2/3, -1/3, -1/3)                                 mean R = 1/3
+#     step group "the prompt"            turns (0,0) (1,0) (2,0)  returns 1/8, 0, 0  A_S = +1/12, -1/24, -1/24
+#     step group "prompt + usual()"      turns (0,1) (1,1)        returns 1/4, 0     A_S = +1/8, -1/8
+#     step group "... + lookup(cake)"    turns (0,2) (1,2)        returns 1/2, 0     A_S = +1/4, -1/4
+#     turns (0,3) and (2,1)              alone in their step groups                 A_S = 0
+#
+# Episode 1's turns get -1/3 - 1/24, -1/3 - 1/8, -1/3 - 1/4: the guess (its last turn) takes the most
+# blame, where GRPO gave all three -1/3. Two remarks. The step advantages of a step group sum to 0,
+# so where two episodes took the *same* action from the same state the step level adds nothing on
+# balance: it only separates different actions from one state. And with gamma < 1 the first turn's
+# step group (the whole group, from the prompt) prefers the shorter of two successes.
+#
+# The anchor state is the conversation so far as tokens: everything before the turn's first
+# generated token (``prefix_anchor``; a world may pass its own ``anchor``, e.g. the env's state).
+# Two turns share a step group only when their whole histories match token for token.
+#
+# Named simplifications, against verl-agent's gigpo/core_gigpo.py (the reference implementation):
+# - the reward comes once, at the end (the outcome reward; the env's step rewards are not used),
+#   so a turn's return is the discounted final reward;
+# - the episode level is GRPO's ``group_advantages`` over episodes (the paper's Eq. 3); verl-agent's
+#   default computes its mean and std over the group's *turns* (each episode counted K times);
+# - exact matching only (verl-agent can also cluster similar text observations);
+# - ``scale_rewards="batch"`` has no step-level meaning here and is refused.
+
+
+def turn_spans(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of generated tokens (mask 1) of an episode: one span per assistant turn."""
+    spans, start = [], None
+    for t, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            spans.append((start, t))
+            start = None
+    return spans
+
+
+def prefix_anchor(traj: Trajectory, start: int) -> tuple[int, ...]:
+    """The default anchor state of a turn: the episode's tokens before the turn's first generated token."""
+    return tuple(traj.token_ids[:start])
+
+
+def turn_returns(traj: Trajectory, gamma: float) -> list[float]:
+    """The discounted return of each turn when the reward comes at the end: gamma^(K - 1 - k) * R."""
+    K = len(turn_spans(traj.mask))
+    return [gamma ** (K - 1 - k) * traj.reward for k in range(K)]
+
+
+@dataclass
+class StepGroup:
+    """The turns of one task's episodes that start from one anchor state."""
+
+    row: int  # the task's row b in the (B, G) advantages
+    task_id: str
+    turn: int  # the turn index its members share (the first turn a full-history anchor can be)
+    members: list[tuple[int, int]]  # (sample g, turn k) of each member
+    returns: list[float]  # each member's discounted return
+
+    @property
+    def nontrivial(self) -> bool:
+        """Two members or more with different returns: the step level has something to say."""
+        return len(self.returns) > 1 and max(self.returns) - min(self.returns) > 1e-9
+
+    def advantages(self, scale_rewards: str = "group", eps: float = 1e-4) -> torch.Tensor:
+        """A_S of each member (members,): its return against the step group's mean (/ std with "group"); 0 alone."""
+        returns = torch.tensor(self.returns, dtype=torch.float32)  # (members,)
+        if len(self.returns) < 2:
+            return torch.zeros_like(returns)
+        step = returns - returns.mean()
+        return step / (returns.std() + eps) if scale_rewards == "group" else step
+
+
+def step_groups(trajectories, gamma: float, anchor=prefix_anchor) -> list[StepGroup]:
+    """Every step group of a scored batch, task by task (``group_trajectories``' order), in order of
+    first appearance. ``anchor(traj, start) -> hashable``: the state a turn starts from."""
+    out = []
+    for b, group in enumerate(group_trajectories(trajectories)):
+        found: dict = {}
+        for g, traj in enumerate(group):
+            returns = turn_returns(traj, gamma)
+            for k, (start, _) in enumerate(turn_spans(traj.mask)):
+                key = anchor(traj, start)
+                if key not in found:
+                    found[key] = StepGroup(b, traj.task_id, k, [], [])
+                found[key].members.append((g, k))
+                found[key].returns.append(returns[k])
+        out.extend(found.values())
+    return out
+
+
+def gigpo_advantages(trajectories, gamma: float = 0.95, step_advantage_w: float = 1.0, scale_rewards: str = "group",
+                     eps: float = 1e-4, anchor=prefix_anchor) -> Advantages:
+    """GiGPO's advantages: GRPO's episode advantage plus omega times the step-group advantage, per turn.
+
+    trajectories: scored, G per task (as ``group_advantages``). Returns ``Advantages`` with the episode
+    level in ``advantages`` (B, G) and ``turn_advantages[b][g]`` (K,), what the loss uses. A group is
+    zero-spread when every turn advantage in it is 0 (all rewards 0, say): it teaches nothing.
+    """
+    if scale_rewards not in ("group", "none"):
+        raise ValueError(f"gigpo normalises each step group by its std ('group') or not at all ('none'), got {scale_rewards!r}")
+    groups = group_trajectories(trajectories)
+    episode = group_advantages(group_rewards(trajectories), scale_rewards, eps)  # (B, G)
+    turns = [[episode.advantages[b, g].repeat(len(turn_spans(t.mask))) for g, t in enumerate(group)]
+             for b, group in enumerate(groups)]  # [b][g] -> (K,): A_E on every turn, to start with
+    for sg in step_groups(trajectories, gamma, anchor):
+        for (g, k), a in zip(sg.members, sg.advantages(scale_rewards, eps)):
+            turns[sg.row][g][k] += step_advantage_w * a
+    zero_spread = torch.tensor([all(bool(torch.isclose(a, torch.zeros_like(a)).all()) for a in row) for row in turns])  # (B,)
+    return Advantages(episode.advantages, zero_spread, turns)
+
+
+def step_group_metrics(groups: list[StepGroup]) -> dict[str, float]:
+    """What the step groups of one batch offered (logged every step, whatever the advantage):
+
+    step_groups/size_mean               turns per step group (1 = every history unique)
+    step_groups/turns_nontrivial        share of turns in a non-trivial step group (>= 2 members, different returns)
+    step_groups/later_turns_nontrivial  the same for turns after the first (the first turn's step group is the
+                                        episode group itself, from the prompt)
+    """
+    turns = [(sg.turn, sg.nontrivial) for sg in groups for _ in sg.members]
+    later = [nontrivial for turn, nontrivial in turns if turn > 0]
+    return {
+        "step_groups/size_mean": len(turns) / max(len(groups), 1),
+        "step_groups/turns_nontrivial": sum(n for _, n in turns) / max(len(turns), 1),
+        "step_groups/later_turns_nontrivial": sum(later) / max(len(later), 1),
+    }
+
+
+def compute_advantages(trajectories, config: TrainConfig) -> Advantages:
+    """The config's advantage (``config.advantage``) on scored trajectories: GRPO's per episode, or GiGPO's per turn."""
+    if config.advantage == "grpo":
+        return group_advantages(group_rewards(trajectories), config.scale_rewards)
+    if config.advantage == "gigpo":
+        return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards)
+    raise ValueError(f"advantage must be one of {ADVANTAGES}, got {config.advantage!r}")
+
+
+def step_group_table(trajs: list[Trajectory], gamma: float, scale_rewards: str = "group", max_groups: int | None = None,
+                     nontrivial_only: bool = True) -> str:
+    """One line per step group of the first ``max_groups`` tasks: its members (sample:turn), their returns
+    and their step advantages A_S (before the weight omega); only the non-trivial ones by default.
+
+    Taught in notebooks/06b_turn_credit.ipynb.
+    """
+    tasks = group_trajectories(trajs)[:max_groups]
+    shown = [sg for sg in step_groups([t for g in tasks for t in g], gamma) if sg.nontrivial or not nontrivial_only]
+    width = max([len("task"), *(len(sg.task_id) for sg in shown)])
+    lines = [f"{'task':<{width}}  turn  members (sample:turn -> return, A_S)"]
+    for sg in shown:
+        members = "   ".join(f"{g}:{k} -> {r:.3f}, {a:+.2f}"
+                             for (g, k), r, a in zip(sg.members, sg.returns, sg.advantages(scale_rewards).tolist()))
+        lines.append(f"{sg.task_id:<{width}}  {sg.turn:>4}  {members}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,7 +420,7 @@ def grpo_loss(
     """GRPO loss of one micro-batch, normalised as TRL normalises it.
 
     logps, old_logps, ref_logps, mask: (N, T), token-aligned (entry t belongs to token t).
-    advantages: (N,), one per sequence.
+    advantages: (N,), one per sequence, or (N, T), one per token (a turn-level method's, ``Batch.token_advantages``).
     max_completion_length: the dr_grpo constant denominator (required for dr_grpo).
     num_items: dapo's denominator, the number of mask tokens in the *whole* batch across
         all micro-batches (default: this micro-batch's), so that the accumulated gradient
@@ -254,7 +437,7 @@ def grpo_loss(
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta > 0 needs ref_logps (the reference policy's token log-probs)")
     mask = mask.to(logps.dtype)  # (N, T)
-    adv = advantages.unsqueeze(1)  # (N, 1): every token of a sequence shares its advantage
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (N, 1): shared by a sequence's tokens; or (N, T)
 
     ratio = torch.exp(logps - old_logps)  # (N, T)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)  # (N, T)
@@ -309,14 +492,17 @@ class Batch:
     input_ids: torch.Tensor  # (N, T) right-padded episodes
     mask: torch.Tensor  # (N, T) 1 on policy-generated tokens
     old_logps: torch.Tensor  # (N, T) sampling log-probs, 0 off the mask
-    advantages: torch.Tensor  # (N,) one per episode, from group_advantages
+    advantages: torch.Tensor  # (N,) one per episode, from group_advantages (GiGPO: its episode level)
+    token_advantages: torch.Tensor | None = None  # (N, T) per token, each turn's own (GiGPO), 0 off the turns; None: use advantages
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
 
 
 def collate(trajectories, advantages: Advantages, skip_zero_spread: bool = False, mask_truncated: bool = False) -> Batch:
-    """Pad trajectories into tensors and attach each one's advantage (``group_advantages``).
+    """Pad trajectories into tensors and attach each one's advantage (``group_advantages``); with per-turn
+    advantages (``Advantages.turn_advantages``, GiGPO) also ``token_advantages``: each turn's number on
+    that turn's generated tokens (``turn_spans``).
 
     skip_zero_spread: drop the groups whose G rewards are all equal before any forward
         pass: their advantage is 0, so with beta = 0 they add nothing to the gradient and
@@ -344,7 +530,16 @@ def collate(trajectories, advantages: Advantages, skip_zero_spread: bool = False
         mask[n, :L] = 0 if mask_truncated and t.stop_reason in TRUNCATED else torch.tensor(t.mask)
         old_logps[n, :L] = torch.tensor(t.logprobs)
     flat = torch.stack([advantages.advantages[i, j] for i, j in rows]) if rows else torch.zeros(0)  # (N,)
-    return Batch(input_ids, mask, old_logps, flat)
+    if advantages.turn_advantages is None:
+        return Batch(input_ids, mask, old_logps, flat)
+    per_token = torch.zeros((len(kept), T), dtype=torch.float32)  # (N, T)
+    for n, ((i, j), t) in enumerate(zip(rows, kept)):
+        spans, turns = turn_spans(t.mask), advantages.turn_advantages[i][j]
+        if len(turns) != len(spans):
+            raise ValueError(f"trajectory {t.task_id}/{t.group}: {len(turns)} turn advantages for {len(spans)} turns")
+        for (start, end), a in zip(spans, turns):
+            per_token[n, start:end] = a
+    return Batch(input_ids, mask, old_logps, flat, per_token)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -495,6 +690,8 @@ class LoRAGRPO:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {config.loss_type!r}")
         if config.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {config.scale_rewards!r}")
+        if config.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage must be one of {ADVANTAGES}, got {config.advantage!r}")
         self.config = config
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if config.device == "auto" else config.device))
@@ -537,10 +734,10 @@ class LoRAGRPO:
             return token_logprobs(self.model, input_ids, mask, self.temperature, self.chunk_size)[0]
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """Scored trajectories -> advantages -> ``update``, with the config's ``scale_rewards``,
+        """Scored trajectories -> advantages -> ``update``, with the config's ``advantage``, ``scale_rewards``,
         ``skip_zero_spread`` and ``mask_truncated_completions`` (what ``helpers.loop`` spells out)."""
         cfg = self.config
-        advantages = group_advantages(group_rewards(trajectories), cfg.scale_rewards)
+        advantages = compute_advantages(trajectories, cfg)
         return self.update(collate(trajectories, advantages, cfg.skip_zero_spread, cfg.mask_truncated_completions))
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -551,7 +748,8 @@ class LoRAGRPO:
             return {"step": self.step, "skipped_steps": self.skipped_steps}
         self.model.train()
         ids, mask = batch.input_ids.to(self.device), batch.mask.to(self.device)  # (N, T)
-        old, adv = batch.old_logps.to(self.device), batch.advantages.to(self.device)  # (N, T), (N,)
+        old = batch.old_logps.to(self.device)  # (N, T)
+        adv = (batch.advantages if batch.token_advantages is None else batch.token_advantages).to(self.device)  # (N,) or (N, T)
         ref = self.logprobs(ids, mask, reference=True) if cfg.beta != 0.0 else None  # (N, T) or None
         num_items = mask.sum().float()  # dapo: tokens in the whole batch, across micro-batches
         micro_rows = torch.arange(len(batch)).chunk(cfg.grad_accum)

@@ -9,7 +9,7 @@ One step of the loop, each arrow of the pipeline one line (see ``GroupCollector`
     tasks = sampler.next_batch()                                         # Dataset   B tasks
     trajs = rollout(tasks, make_env, policy, group_size=G, ...)          # Env + Rollout: B*G episodes
     rewards = score_trajectories(trajs, reward)                          # Reward    one number per episode
-    advantages = group_advantages(group_rewards(trajs), scale_rewards)   # GRPO      A = (r - mean) / std, (B, G)
+    advantages = compute_advantages(trajs, config)                       # GRPO      A = (r - mean) / std, (B, G); GiGPO: per turn too
     stats = trainer.update(collate(trajs, advantages, ...))              # GRPO      the clipped-ratio update
     policy.sync(trainer.model)                                           # the sampler takes the new adapter
 
@@ -254,7 +254,8 @@ class Collected:
 
 class GroupCollector:
     """The default collector: each step B tasks from the training split, G episodes of each, and
-    GRPO's group advantages (every group is its own baseline).
+    the config's advantages: GRPO's group advantages (every group is its own baseline), or with
+    ``advantage="gigpo"`` GiGPO's per turn (``helpers.grpo`` §1b). It logs the step groups either way.
 
     A collector is made once per run with ``(config, policy, make_env, reward)`` and called once
     per step; ``state_dict`` is saved with every checkpoint so that a resumed run draws the same
@@ -274,7 +275,7 @@ class GroupCollector:
 
     def __call__(self, step: int) -> Collected:
         from helpers.evaluation import episode_stats
-        from helpers.grpo import group_advantages, group_rewards
+        from helpers.grpo import compute_advantages, step_group_metrics, step_groups
         from helpers.policy import SamplingParams
         from helpers.rewards import reward_report, score_trajectories
         from helpers.rollout import rollout
@@ -286,8 +287,9 @@ class GroupCollector:
                         max_steps=c.env_max_steps, max_total_tokens=c.max_total_tokens)
         t0 = time.perf_counter()
         score_trajectories(trajs, self.reward)
-        advantages = group_advantages(group_rewards(trajs), c.scale_rewards)  # (B, G): the group is its own baseline
-        metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s}
+        advantages = compute_advantages(trajs, c)  # (B, G): the group is its own baseline (gigpo: and per turn, its step groups)
+        metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s,
+                   **step_group_metrics(step_groups(trajs, c.gamma))}  # what GiGPO's step groups offer, whichever advantage
         return Collected(trajs, advantages, metrics, time.perf_counter() - t0)
 
     def state_dict(self) -> dict:
@@ -442,6 +444,9 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
         t0 = time.perf_counter()
         batch_of_step = collect(step)  # Dataset -> Env + Rollout -> Reward -> advantages
         t1 = time.perf_counter()
+        if config.advantage != "grpo" and batch_of_step.advantages.turn_advantages is None:
+            raise ValueError(f"advantage={config.advantage!r} needs per-turn advantages, and the {config.collect!r} "
+                             "collector makes one per episode; use advantage='grpo' with it")
         policy.sleep()  # vLLM frees the accelerator for the update (a no-op for the transformers backend)
         batch = collate(batch_of_step.trajectories, batch_of_step.advantages, config.skip_zero_spread, config.mask_truncated_completions)
         stats = trainer.update(batch)

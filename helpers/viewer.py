@@ -2,6 +2,7 @@
 
     show_trajectory(traj, tokenizer)     # one episode, every token coloured by who wrote it
     show_group(trajs, tokenizer)         # the G samples of a task: a summary table + each episode
+    show_advantages(traj, tokenizer, {"GRPO": 0.71, "GiGPO": [0.9, 0.8, 1.2, 0.7]})   # side by side, per turn
     reward_panel(trajs, {"correct": 1.0, "format": 0.1})   # sliders: re-weight, re-score, see the advantages
 
 Colours: green = written by the policy (mask 1, trained on), blue = env / tool
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import html
 
-from helpers.grpo import advantage_table
+from helpers.grpo import advantage_table, turn_spans
 from helpers.rewards import score_trajectories
 from helpers.rollout import Trajectory
 
@@ -48,26 +49,49 @@ def _legend(by_advantage: bool = False) -> str:
     return "<div class='traj-head'>" + " ".join(f"<span style='background:{c}'>&nbsp;{t}&nbsp;</span>" for c, t in keys) + "</div>"
 
 
-def trajectory_html(traj: Trajectory, tokenizer, legend: bool = True, advantage: float | None = None) -> str:
+def trajectory_html(traj: Trajectory, tokenizer, legend: bool = True, advantage: float | list[float] | None = None) -> str:
     """One trajectory as HTML: a header line, then every token coloured by its mask.
 
     With ``advantage`` (the episode's GRPO advantage), the policy's tokens are coloured by
     what the update does to them instead: green = pushed up (A > 0), red = pushed down
     (A < 0), white = untouched (A = 0). Every policy token of the episode gets the same
     colour, whatever turn it is in: an outcome reward has no opinion about single turns.
+    With one number per turn (a list, e.g. GiGPO's ``Advantages.turn_advantages[b][g]``) each
+    turn is coloured by its own, and a badge before the turn gives the number.
 
-    Taught in notebooks/03_rollout.ipynb §4 and notebooks/06_training_loop.ipynb.
+    Taught in notebooks/03_rollout.ipynb §4, notebooks/06_training_loop.ipynb and 06b_turn_credit.ipynb.
     """
-    policy = COLOURS["policy"] if advantage is None else ADVANTAGE_COLOURS[(advantage > 0) - (advantage < 0)]
-    spans = []
+    per_turn = isinstance(advantage, (list, tuple)) or getattr(advantage, "ndim", 0) > 0  # a list or a (K,) tensor
+    turns = [float(a) for a in advantage] if per_turn else None
+    advantage = advantage if per_turn or advantage is None else float(advantage)
+    starts = {start: k for k, (start, _) in enumerate(turn_spans(traj.mask))}
+    if per_turn and len(turns) != len(starts):
+        raise ValueError(f"{len(turns)} turn advantages for the {len(starts)} turns of {traj.task_id}/{traj.group}")
+    spans, a = [], None if per_turn else advantage  # a: the number the current token's turn gets
     for i, (token, m, lp) in enumerate(zip(traj.token_ids, traj.mask, traj.logprobs)):
+        if per_turn and i in starts:
+            a = turns[starts[i]]
+            spans.append(f"<b style='font-size:10px;color:#555'>[A {a:+.2f}]</b>")
+        policy = COLOURS["policy"] if a is None else ADVANTAGE_COLOURS[(a > 0) - (a < 0)]
         who = "policy" if m else ("prompt" if i < traj.prompt_len else "env")
         text = tokenizer.decode([token], skip_special_tokens=False)
         shown = html.escape(text).replace("\n", "↵\n")
-        tip = f"id {token} · {who}" + (f" · logprob {lp:.3f}" if m else "") + (f" · advantage {advantage:+.2f}" if m and advantage is not None else "")
+        tip = f"id {token} · {who}" + (f" · logprob {lp:.3f}" if m else "") + (f" · advantage {a:+.2f}" if m and a is not None else "")
         spans.append(f"<span style='background:{policy if m else COLOURS[who]}' title='{tip}'>{shown}</span>")
-    head = _header(traj) if advantage is None else _header(traj).replace("</div>", f" · advantage <b>{advantage:+.2f}</b></div>", 1)
+    shown_advantage = "" if advantage is None else (f"{advantage:+.2f}" if not per_turn else " ".join(f"{x:+.2f}" for x in turns))
+    head = _header(traj) if advantage is None else _header(traj).replace("</div>", f" · advantage <b>{shown_advantage}</b></div>", 1)
     return (_STYLE + (_legend(advantage is not None) if legend else "")) + head + "<div class='traj'>" + "".join(spans) + "</div>"
+
+
+def advantages_html(traj: Trajectory, tokenizer, columns: dict[str, float | list[float]]) -> str:
+    """One episode side by side under several advantages: ``{"GRPO": 0.71, "GiGPO": [0.9, 0.8, 1.2, 0.7]}``,
+    each column coloured as ``trajectory_html`` colours it (a number for the episode, or one per turn).
+
+    Taught in notebooks/06b_turn_credit.ipynb.
+    """
+    cells = "".join(f"<div style='flex:1;min-width:0'><div class='traj-head'><b>{html.escape(name)}</b></div>"
+                    f"{trajectory_html(traj, tokenizer, legend=False, advantage=value)}</div>" for name, value in columns.items())
+    return _STYLE + _legend(True) + f"<div style='display:flex;gap:12px'>{cells}</div>"
 
 
 def group_html(trajs: list[Trajectory], tokenizer=None) -> str:
@@ -111,6 +135,13 @@ def show_group(trajs: list[Trajectory], tokenizer=None):
     from IPython.display import HTML
 
     return HTML(group_html(trajs, tokenizer))
+
+
+def show_advantages(traj: Trajectory, tokenizer, columns: dict[str, float | list[float]]):
+    """Display one episode under several advantages, side by side (see ``advantages_html``)."""
+    from IPython.display import HTML
+
+    return HTML(advantages_html(traj, tokenizer, columns))
 
 
 # --- rewards: histogram and the interactive panel of notebook 04 ------------------------------

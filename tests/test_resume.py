@@ -9,6 +9,7 @@ adapter, AdamW moments, the warmup schedule, the RNG states and the caller's
 
 import copy
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -38,14 +39,16 @@ def batch_from_rng(trainer, position: int) -> list[Trajectory]:
             n = random.randint(3, 8)
             ids = prompt + torch.randint(3, vocab, (n,)).tolist()
             logprobs = [0.0] * 5 + (-np.random.rand(n) * 3 - 2).tolist()  # old log-probs: ratios far from 1
-            out.append(Trajectory(task=task, group=g, token_ids=ids, mask=[0] * 5 + [1] * n, logprobs=logprobs,
+            mask = [0] * 5 + [1] * n
+            mask[5 + n // 2] = logprobs[5 + n // 2] = 0  # a tool's token: two turns, for GiGPO's per-turn advantages
+            out.append(Trajectory(task=task, group=g, token_ids=ids, mask=mask, logprobs=logprobs,
                                   prompt_len=5, reward=float(torch.rand(()))))
     return out
 
 
-def new_trainer(model, seed):
+def new_trainer(model, seed, advantage="grpo"):
     torch.manual_seed(seed)  # a different LoRA init each time: the checkpoint must overwrite it
-    return LoRAGRPO(copy.deepcopy(model), CONFIG)
+    return LoRAGRPO(copy.deepcopy(model), replace(CONFIG, advantage=advantage))
 
 
 def run(trainer, steps: int, position: int = 0) -> int:
@@ -64,22 +67,23 @@ def adapter(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
-def test_kill_and_resume_gives_the_same_weights(tmp_path):
+@pytest.mark.parametrize("advantage", ["grpo", "gigpo"])
+def test_kill_and_resume_gives_the_same_weights(tmp_path, advantage):
     model, _ = load_tiny()
     seed_everything(123)
-    straight = new_trainer(model, seed=0)
+    straight = new_trainer(model, seed=0, advantage=advantage)
     seed_everything(123)
     run(straight, 6)
 
     seed_everything(123)
-    first = new_trainer(model, seed=0)
+    first = new_trainer(model, seed=0, advantage=advantage)
     seed_everything(123)
     position = run(first, 3)
     first.save_checkpoint(tmp_path / "checkpoint-3", extra_state={"sampler_position": position})
     del first  # "killed"
     seed_everything(999)  # a new process would start elsewhere
 
-    resumed = new_trainer(model, seed=1)
+    resumed = new_trainer(model, seed=1, advantage=advantage)
     extra = resumed.load_checkpoint(latest_checkpoint(tmp_path))
     assert extra == {"sampler_position": 3} and resumed.step == 3 and resumed.optimizer_steps == 6
     run(resumed, 3, extra["sampler_position"])
