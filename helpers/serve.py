@@ -3,6 +3,8 @@
     python -m helpers.serve --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-30   # http://127.0.0.1:8000
     python -m helpers.serve train --preset tiny-agent            # the online trainer, beside the server, on the same store
     python -m helpers.serve rollback --version 2                 # point the service at an older adapter version
+    python -m helpers.serve loadtest --clients 32 --seconds 30   # loopback load test across a hot swap (p50/p95)
+    python -m helpers.serve simulate --seed 0                    # the simulated deployment (helpers.service.simulate)
 
 One store (``--store``, default ``runs/serve/store.db``; ``helpers.service.store``) joins the processes: the
 server writes episodes and feedback into it, the trainer reads them and writes adapter versions, and the
@@ -106,11 +108,23 @@ def simulate(args) -> None:
                              drift_round=args.drift_round, users=args.users, adversarial=args.adversarial))
 
 
+def loadtest(args) -> None:
+    import json
+
+    from helpers.service.loadtest import run_load_test
+
+    store = Path(args.store)
+    if store.parent.exists():
+        shutil.rmtree(store.parent)  # a fresh store each time: the test's own episodes only
+    report = run_load_test(store, args.clients, args.seconds, args.adapter)
+    print(json.dumps(report, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"serve": serve, "train": train, "rollback": rollback, "simulate": simulate}
+    commands = {"serve": serve, "train": train, "rollback": rollback, "simulate": simulate, "loadtest": loadtest}
     command = argv.pop(0) if argv and argv[0] in commands else "serve"
     parser = argparse.ArgumentParser(prog=f"python -m helpers.serve {command}", description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
@@ -133,6 +147,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--canary-tasks", type=int, default=48)
         parser.add_argument("--lr", type=float, default=None, help="default: the preset's")
         parser.add_argument("--max-updates", type=int, default=None, help="stop after this many updates (default: never)")
+    elif command == "loadtest":
+        parser.set_defaults(store="runs/serve-loadtest/store.db")
+        parser.add_argument("--clients", type=int, default=32)
+        parser.add_argument("--seconds", type=float, default=30.0)
+        parser.add_argument("--adapter", default=None, help="the version serving before the swap (default: the preset's model)")
     elif command == "rollback":
         parser.add_argument("--version", type=int, required=True)
     else:
