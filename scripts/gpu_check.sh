@@ -12,8 +12,12 @@
 #    also holds vLLM's engine process and what it reserved.
 # 2. The vLLM parity tests (tests/test_vllm_engine.py) on CUDA: per-token log-probs of vLLM
 #    vs transformers within 1e-4, LoRA versions, seeds, a short training run.
-# Writes one results file, gpu_check.json, under --out (default: $OUT, else runs/gpu_check); beside
-# it: the runs' folders, the test log and the Python it ran (gpu_check_run.py).
+# 3. The memory plan of every GPU preset against real GRPO updates at the preset's batch shape, on
+#    Qwen2.5-1.5B and 0.5B built from their shipped config.json with random weights (no download):
+#    scripts/gpu_memory_check.py, one table of planned vs measured GiB, seconds per update, tokens/s.
+#    On a CPU it runs the same code on a 1-layer model and a small batch (the code path, not the memory).
+# Writes gpu_check.json and memory_check.json under --out (default: $OUT, else runs/gpu_check); beside
+# them: the runs' folders, the test log and the Python it ran (gpu_check_run.py).
 #
 # Options:
 #   --device cuda|cpu     where to run (default cuda; cpu checks the plumbing, in float32)
@@ -159,3 +163,12 @@ if __name__ == "__main__":  # vLLM starts its engine processes by spawning: they
     main()
 PY
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "$OUT_DIR/gpu_check_run.py"  # helpers from this clone
+
+# --- 3. the memory plan against real GRPO updates on Qwen2.5's shapes (random weights) ---
+if [[ "$DEVICE" == cuda ]]; then
+  MEMORY_ARGS=()
+else  # the code path on a 1-layer model: one preset, one update
+  MEMORY_ARGS=(--presets gsm8k-t4-tools --updates 1)
+fi
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python scripts/gpu_memory_check.py --device "$DEVICE" "${MEMORY_ARGS[@]}" \
+  --out "$OUT_DIR/memory_check.json"

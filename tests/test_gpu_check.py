@@ -1,0 +1,42 @@
+"""scripts/gpu_check.sh's CPU-safe parts, as CI runs them: the tiny world's training path and the memory check's
+code path on Qwen2.5's shapes (one layer, random weights), with no network. On a GPU the same script measures."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.paths import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_gpu_check_cpu_parts(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--steps", "2", "--backends", "hf", "--no-tests",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["device"] == "cpu" and record["backends"]["hf"]["steps"] == 2
+    (row,) = json.loads((tmp_path / "memory_check.json").read_text())
+    assert row["preset"] == "gsm8k-t4-tools" and row["measured_allocated_gib"] is None  # a CPU measures no GPU memory
+    assert row["seconds_per_update"] > 0 and row["loss"] == row["loss"]  # a real update ran; its loss is a number
+    assert "plan GiB" in done.stdout and "gsm8k-t4-tools" in done.stdout  # the table
+
+
+def test_shipped_configs_are_qwen25s_shapes():
+    """The configs the check builds its models from have the parameter counts of Qwen2.5's model cards."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from helpers.memory import QWEN25
+
+    for name in ("0.5B", "1.5B"):
+        config = AutoConfig.from_pretrained(ROOT / "data" / "model_configs" / f"Qwen2.5-{name}-Instruct")
+        with torch.device("meta"):  # shapes only, no memory
+            model = AutoModelForCausalLM.from_config(config)
+        assert sum(p.numel() for p in model.parameters()) == QWEN25[f"Qwen2.5-{name}"].n_params()
+        assert config.vocab_size == 151936
