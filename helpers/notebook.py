@@ -59,8 +59,8 @@ def device_check() -> str:
             print("Under 16 GiB: use the tiny world or the gsm8k-t4 preset with care (see 07).")
         return "cuda"
     print(
-        f"No GPU found: running on CPU ({os.cpu_count()} cores). Everything in notebooks 00-06 and 08 "
-        "runs on CPU with the tiny world; the GSM8K run in 07 needs a GPU (it runs a CPU smoke version instead). "
+        f"No GPU found: running on CPU ({os.cpu_count()} cores). Every notebook runs on CPU with the tiny worlds, "
+        "except the GSM8K run in 07, which needs a GPU (it runs a CPU smoke version instead). "
         "On Colab: Runtime -> Change runtime type -> T4 GPU."
     )
     return "cpu"
