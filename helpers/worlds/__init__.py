@@ -17,4 +17,4 @@ A world plugs into the lower layers through their registries only (``register_da
 commands (``helpers.train``, ``helpers.evaluate``) import this package to have them all.
 """
 
-from helpers.worlds import arithmetic, gaia, gsm8k, humaneval, reasoning_gym, selfplay, shop  # noqa: F401
+from helpers.worlds import arithmetic, bfcl, gaia, gsm8k, humaneval, reasoning_gym, selfplay, shop  # noqa: F401
