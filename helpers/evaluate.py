@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
                 parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
             model = load_adapter(model, args.adapter)
         model.eval()
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions and config.max_total_tokens > positions:  # a benchmark's budget, cut to what the model can read: a
+            config = replace(config, max_total_tokens=positions)  # longer prompt ends its episode unplayed (truncated, 0)
         play, source = partial(evaluate, make_policy(config, model, tokenizer)), {"adapter": args.adapter}
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
     k = config.pass_k if args.k is None else args.k
