@@ -287,12 +287,14 @@ def get_benchmark(name: str) -> Benchmark:
 
 
 def describe_benchmarks(families: set[str]) -> list[str]:
-    """One line per registered benchmark for ``--help``: its name (``name/<member>`` for one of ``families``,
-    with the members it lists) and what its answers file holds."""
+    """A few lines per registered benchmark for ``--help``: its name (``name/<member>`` for one of ``families``),
+    the members it lists, and what its answers file holds."""
     lines = []
     for name, benchmark in sorted(BENCHMARKS.items()):
-        shown = f"{name}/<{benchmark.members or 'member'}>" if name in families else name
-        lines.append(f"{shown}\n      answers: {benchmark.answers_format}")
+        lines.append(f"{name}/<member>" if name in families else name)
+        if benchmark.members:
+            lines.append(f"    members: {benchmark.members}")
+        lines.append(f"    answers: {benchmark.answers_format}")
     return lines
 
 

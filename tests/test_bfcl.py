@@ -148,4 +148,5 @@ def test_help_lists_the_benchmarks_and_bfcls_categories(capsys):
     with pytest.raises(SystemExit):
         evaluate_main(["--help"])
     text = capsys.readouterr().out
-    assert "bfcl/<simple_python|multiple|" in text and "multi_turn_base" in text and "humaneval\n" in text
+    assert "bfcl/<member>\n" in text and "members: simple_python, multiple, parallel," in text and "multi_turn_base" in text
+    assert "humaneval\n" in text and "reasoning_gym/<member>\n" in text

@@ -273,6 +273,6 @@ register_benchmark("bfcl", Benchmark(
     max_steps=1,
     max_new_tokens=512,
     max_total_tokens=8192,  # the live categories' function docs run to thousands of tokens
-    members="|".join(SUPPORTED) + "; bfcl alone with --answers: every category of the file",
+    members=", ".join(SUPPORTED) + " (BFCL's categories; bfcl alone, with --answers: every category of the file)",
     score_file=score_results,
 ))

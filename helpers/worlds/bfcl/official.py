@@ -102,12 +102,14 @@ class Worker:
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
+        self.log = None
         self.lock = threading.Lock()
 
     def start(self) -> None:
         python = ensure_venv()
+        self.log = tempfile.TemporaryFile("w+")  # BFCL's own prints and warnings; its tail is shown if the worker dies
         self.process = subprocess.Popen([str(python), str(WORKER), MODEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                        stderr=self.log, text=True, bufsize=1)
 
     def request(self, op: str, **arguments) -> object:
         """``op``'s value; a ``RuntimeError`` with BFCL's message when it raised there."""
@@ -118,7 +120,8 @@ class Worker:
             self.process.stdin.flush()
             line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"bfcl: the worker process ended (exit code {self.process.poll()}) during {op!r}")
+            self.log.seek(0)
+            raise RuntimeError(f"bfcl: the worker process ended (exit code {self.process.wait()}) during {op!r}:\n{self.log.read()[-3000:]}")
         answer = json.loads(line)
         if not answer["ok"]:
             raise RuntimeError(f"bfcl {op}: {answer['error']}\n{answer.get('traceback', '')}")

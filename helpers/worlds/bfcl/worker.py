@@ -23,6 +23,7 @@ own beyond the glue:
 """
 
 import copy
+import functools
 import inspect
 import json
 import os
@@ -51,23 +52,30 @@ def entries(category):
     return {"prompts": prompts, "answers": answers}
 
 
-def judge(category, results):
-    """``bfcl evaluate``'s verdict on each result entry, by the function its runner calls for the category."""
+@functools.cache
+def judged_data(category):
+    """The prompts and ground truth by id, as ``bfcl evaluate``'s runner loads them (read once per category)."""
     prompts = {entry["id"]: entry for entry in load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)}
     answers = {} if is_relevance_or_irrelevance(category) else {a["id"]: a["ground_truth"] for a in load_ground_truth_entry(category)}
+    return prompts, answers
+
+
+def judge(category, results):
+    """``bfcl evaluate``'s verdict on each result entry, by the function its runner calls for the category."""
+    prompts, answers = judged_data(category)
     verdicts = []
     for result in results:
         entry_id, prompt = result["id"], copy.deepcopy(prompts[result["id"]])
         if is_relevance_or_irrelevance(category):
             verdict = eval_runner._evaluate_single_relevance_entry(HANDLER, entry_id, result["result"], prompt, RESULT_MODEL, category)
         elif is_multi_turn(category):
-            verdict = eval_runner._evaluate_single_multi_turn_entry(HANDLER, entry_id, result["result"], answers[entry_id], prompt,
+            verdict = eval_runner._evaluate_single_multi_turn_entry(HANDLER, entry_id, result["result"], copy.deepcopy(answers[entry_id]), prompt,
                                                                     RESULT_MODEL, category)
         else:
             language, return_format = ((Language.JAVA, ReturnFormat.JAVA) if is_java(category) else
                                        (Language.JAVASCRIPT, ReturnFormat.JAVASCRIPT) if is_js(category) else
                                        (Language.PYTHON, ReturnFormat.PYTHON))
-            verdict = eval_runner._evaluate_single_ast_entry(HANDLER, entry_id, result["result"], answers[entry_id], prompt, RESULT_MODEL,
+            verdict = eval_runner._evaluate_single_ast_entry(HANDLER, entry_id, result["result"], copy.deepcopy(answers[entry_id]), prompt, RESULT_MODEL,
                                                              category, language=language, return_format=return_format, has_tool_call_tag=False)
         error = verdict.get("error")
         error_type = verdict.get("error_type") or (error.get("error_type") if isinstance(error, dict) else None)
