@@ -91,7 +91,7 @@ def train(args) -> None:
     torch.set_num_threads(args.threads)
     store = open_store(args.store)
     online = OnlineConfig(batch_tasks=args.batch_tasks, group_size=args.group_size, gate_margin=args.gate_margin,
-                          audit_rate=args.audit_rate, canary_tasks=args.canary_tasks, lr=args.lr)
+                          audit_rate=args.audit_rate, canary_tasks=args.canary_tasks, replay=args.replay, lr=args.lr)
     OnlineTrainer(get_preset(args.preset), store, online).run(max_updates=args.max_updates)
 
 
@@ -104,8 +104,9 @@ def rollback(args) -> None:
 def simulate(args) -> None:
     from helpers.service.simulate import SimConfig, run_simulation
 
-    run_simulation(SimConfig(seed=args.seed, out_dir=args.out, adapter=args.adapter, rounds=args.rounds,
-                             drift_round=args.drift_round, users=args.users, adversarial=args.adversarial))
+    given = dict(seed=args.seed, out_dir=args.out, adapter=args.adapter, rounds=args.rounds, drift_round=args.drift_round,
+                 users=args.users, adversarial=args.adversarial)
+    run_simulation(SimConfig(**{key: value for key, value in given.items() if value is not None}))
 
 
 def loadtest(args) -> None:
@@ -144,8 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--group-size", type=int, default=8, help="episodes sampled per request (G)")
         parser.add_argument("--gate-margin", type=float, default=0.05)
         parser.add_argument("--audit-rate", type=float, default=0.2)
-        parser.add_argument("--canary-tasks", type=int, default=48)
-        parser.add_argument("--lr", type=float, default=None, help="default: the preset's")
+        parser.add_argument("--canary-tasks", type=int, default=36)
+        parser.add_argument("--replay", type=int, default=4, help="old requests replayed in each update")
+        parser.add_argument("--lr", type=float, default=1e-3)
         parser.add_argument("--max-updates", type=int, default=None, help="stop after this many updates (default: never)")
     elif command == "loadtest":
         parser.set_defaults(store="runs/serve-loadtest/store.db")

@@ -89,10 +89,10 @@ def test_bad_chat_requests_get_4xx(server):
 
 def test_admin_endpoints_need_the_token(server):
     assert httpx.post(f"{server.url}/v1/admin/rollback", json={"version": 0}).status_code == 403
-    assert httpx.post(f"{server.url}/v1/admin/world", json={"lookup_format": "receipt"},
+    assert httpx.post(f"{server.url}/v1/admin/world", json={"items": ["key"]},
                       headers={"Authorization": "Bearer wrong"}).status_code == 403
     with pytest.raises(httpx.HTTPStatusError):
-        server.admin("world", {"lookup_format": "nonsense"})
+        server.admin("world", {"items": ["unicorn"]})
 
 
 def test_a_user_over_the_rate_gets_429_with_retry_after(server):

@@ -35,7 +35,8 @@ from helpers.data import Task
 from helpers.policy import SamplingParams, load_adapter, load_model, make_policy
 from helpers.rollout import Trajectory, rollout
 from helpers.service.store import SQLiteStore
-from helpers.service.world import WORLD_FORMAT_KEY, DriftingShopEnv
+from helpers.service.world import WORLD_ITEMS_KEY
+from helpers.worlds.shop.env import ShopEnv
 
 KEEP_VERSIONS = 3  # loaded versions kept besides the deployed one (pinned callers' versions)
 
@@ -65,7 +66,7 @@ class AgentPool:
         self.policies: dict[int, object] = {}
         self.deployed, path = store.deployed()
         self.policies[self.deployed] = load_policy(config, self.base_model, self.tokenizer, path)
-        self.lookup_format = store.get_setting(WORLD_FORMAT_KEY, "plain")
+        self.world_items: list[str] | None = store.get_setting(WORLD_ITEMS_KEY)  # what customers buy now (None: all)
         self.swaps: list[tuple[float, int]] = []  # (time, version) of every swap, for the status page
         self.queue: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -128,7 +129,7 @@ class AgentPool:
         policy = self._policy(version)
         c = self.config
         sampling = SamplingParams(c.max_new_tokens, temperature, c.top_p)
-        return list(rollout(tasks, DriftingShopEnv, policy, group_size=1, sampling=sampling, max_steps=c.env_max_steps,
+        return list(rollout(tasks, ShopEnv, policy, group_size=1, sampling=sampling, max_steps=c.env_max_steps,
                             max_total_tokens=c.max_total_tokens, progress=False))
 
     def _policy(self, version: int):
@@ -147,7 +148,7 @@ class AgentPool:
         for version in others[:-KEEP_VERSIONS] if len(others) > KEEP_VERSIONS else []:
             del self.policies[version]
 
-    # --- the watcher: follow the store's deployed pointer and the world's format ------------------
+    # --- the watcher: follow the store's deployed pointer and the world's habits ------------------
 
     def _watch(self) -> None:
         while not self.stopping.wait(self.poll_s):
@@ -158,8 +159,8 @@ class AgentPool:
 
     def poll(self) -> None:
         """Swap to the store's deployed version if it moved (loaded beside the serving one, then one reference
-        replaced); read the world's current lookup format."""
-        self.lookup_format = self.store.get_setting(WORLD_FORMAT_KEY, "plain")
+        replaced); read what the world's customers buy now."""
+        self.world_items = self.store.get_setting(WORLD_ITEMS_KEY)
         version, path = self.store.deployed()
         if version == self.deployed:
             return

@@ -7,7 +7,7 @@
     POST /v1/feedback           {"episode_id": ..., "user": "ann", "rating": 1 | -1, "correct_answer": "141"}
                                 -> 201 {"id": ...} once it is on disk
     GET  /v1/models, /v1/status, /v1/episodes/{id}, /health, /  (the web page)
-    POST /v1/admin/rollback {"version": 2}, /v1/admin/world {"lookup_format": "receipt"}   (Bearer admin token)
+    POST /v1/admin/rollback {"version": 2}, /v1/admin/world {"items": ["key", "cake"]}   (Bearer admin token)
 
 The agent's tools run here, in the world (``helpers.service.world``): the caller sends a question and
 gets the answer and the whole episode. ``model`` names the deployed adapter (``"tiny-agent"``) or pins a
@@ -44,7 +44,8 @@ from starlette.concurrency import run_in_threadpool
 from helpers.formats import extract_answer, format_number, to_number
 from helpers.service.agent import AgentPool
 from helpers.service.store import DuplicateFeedback, EpisodeRecord, SQLiteStore, UnknownEpisode
-from helpers.service.world import LOOKUP_FORMATS, WORLD_FORMAT_KEY, ServedShop
+from helpers.service.world import WORLD_ITEMS_KEY, ServedShop
+from helpers.worlds.shop.tasks import ITEMS
 
 MAX_BODY_BYTES = 16_384  # a chat request of a few messages; feedback is far smaller
 MAX_ANSWER_CHARS = 24  # a correct answer is a number
@@ -107,13 +108,16 @@ class AdminRollback(BaseModel):
 
 
 class AdminWorld(BaseModel):
+    """What the world's customers buy from now on (None: every item): the simulation's drift."""
+
     model_config = ConfigDict(extra="forbid")
-    lookup_format: str
+    items: list[str] | None = Field(min_length=1, max_length=len(ITEMS))
 
     @model_validator(mode="after")
     def _known(self):
-        if self.lookup_format not in LOOKUP_FORMATS:
-            raise ValueError(f"lookup_format must be one of {list(LOOKUP_FORMATS)}")
+        unknown = sorted(set(self.items or []) - set(ITEMS))
+        if unknown:
+            raise ValueError(f"unknown items {unknown}; the shop sells {list(ITEMS)}")
         return self
 
 
@@ -223,7 +227,7 @@ def create_app(pool: AgentPool, store: SQLiteStore, config: ServiceConfig = Serv
 
     @app.get("/v1/status")
     def status():
-        return {"deployed": pool.deployed, "lookup_format": pool.lookup_format, "adapters": store.adapters(),
+        return {"deployed": pool.deployed, "world_items": pool.world_items, "adapters": store.adapters(),
                 "deployments": store.deployments(), "swaps": pool.swaps, "feedback": store.feedback_count()}
 
     @app.get("/v1/episodes/{episode_id}")
@@ -247,7 +251,7 @@ def create_app(pool: AgentPool, store: SQLiteStore, config: ServiceConfig = Serv
         question = [m.content for m in body.messages if m.role == "user"][-1]
         episode_id = f"ep-{uuid.uuid4().hex[:16]}"
         with world_lock:
-            task = world.task(episode_id, body.user, question, pool.lookup_format)
+            task = world.task(episode_id, body.user, question, pool.world_items)
         trajectory, served_by = await asyncio.wrap_future(pool.submit(task, version, body.temperature))
         found = extract_answer(trajectory.messages[-1]["content"]) if trajectory.messages[-1]["role"] == "assistant" else None
         answer = format_number(found.value) if found is not None and found.value is not None else None
@@ -305,8 +309,8 @@ def create_app(pool: AgentPool, store: SQLiteStore, config: ServiceConfig = Serv
         body = await parse(request, AdminWorld)
         if isinstance(body, JSONResponse):
             return body
-        await run_in_threadpool(store.set_setting, WORLD_FORMAT_KEY, body.lookup_format)
-        pool.lookup_format = body.lookup_format
+        await run_in_threadpool(store.set_setting, WORLD_ITEMS_KEY, body.items)
+        pool.world_items = body.items
         return body.model_dump()
 
     return app

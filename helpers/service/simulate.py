@@ -1,0 +1,289 @@
+"""A simulated deployment (持续学习): users ask and give feedback, the world drifts, the agent keeps learning.
+
+    python -m helpers.serve simulate --seed 0          # runs/serve-sim-seed0/: rounds.jsonl, summary.json, curves.png
+
+One command starts the real pieces as separate processes on one store: the server (``python -m
+helpers.serve``) and the online trainer (``python -m helpers.serve train``); this process plays the users.
+
+    the starting agent   runs/serve-start/checkpoint-10: the tiny-agent preset trained 10 steps (made once, if missing)
+    users                ``users`` customers, ``adversarial`` of them adversarial (20 %)
+    a round              ``asks_per_round`` customers each ask once, the same question to the learning agent
+                         (model "tiny-agent": whatever is deployed) and to the frozen copy ("tiny-agent@v0"),
+                         all at once; then they give feedback on the learning agent's answer; then the round
+                         waits until the trainer has taken every full batch of that feedback (lock-step, so a
+                         round means the same on a slow machine as on a fast one)
+    the drift            at ``drift_round`` customers' habits change: they all buy the ``drift_items`` items the
+                         starting agent handles worst (``worst_items``, measured at the start)
+
+Honest users know their bill (the simulation reads the world's answer): a right answer gets a thumbs
+up half the time, a wrong one a thumbs down and the correct answer. Adversarial users lie every time:
+a right answer gets a thumbs down and a false correct answer (the unit price, the agent's old bad
+habit, or the bill off by ten), a wrong one a thumbs up.
+
+What is measured per round: served success of both agents (the world's answer), the deployed version
+and its canary success, updates deployed and refused, the latency of the learning agent's requests.
+``summary.json`` says whether the run meets the issue's bars: after the drift the learning agent comes
+back to within 0.05 of its success before it (the last ``window`` rounds against the ``window`` before
+the drift) while the frozen one stays down, and the deployed canary success never fell by more than the
+gate's margin below the best before it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from helpers.paths import ROOT
+from helpers.service.trainer import SEEN_KEY, OnlineConfig, same_number
+
+START_DIR = "runs/serve-start"  # the starting agent's run folder
+START_STEPS = 10
+
+
+@dataclass
+class SimConfig:
+    seed: int = 0
+    out_dir: str | None = None  # default runs/serve-sim-seed<seed>
+    adapter: str | None = None  # the starting adapter; None: START_DIR's checkpoint, trained when missing; "base": none
+    rounds: int = 26
+    drift_round: int = 8  # the first round after the drift
+    window: int = 8  # rounds averaged for "before the drift" and "at the end"
+    users: int = 40
+    adversarial: float = 0.2  # share of adversarial users
+    asks_per_round: int = 24
+    drift_items: int = 3
+    honest_thumbs_up: float = 0.5  # how often an honest user confirms a right answer
+    online: OnlineConfig = field(default_factory=OnlineConfig)
+
+
+def start_adapter(adapter: str | None) -> str:
+    """The starting agent: ``adapter``, or the tiny-agent preset trained ``START_STEPS`` steps (made once); "" for "base"."""
+    if adapter:
+        return "" if adapter == "base" else adapter
+    checkpoint = ROOT / START_DIR / f"checkpoint-{START_STEPS}"
+    if not (checkpoint / "adapter_model.safetensors").is_file():
+        import helpers.worlds  # noqa: F401
+        from helpers.config import get_preset
+        from helpers.loop import train
+
+        print(f"simulate: training the starting agent ({START_DIR}, {START_STEPS} steps of tiny-agent)", flush=True)
+        train(get_preset("tiny-agent", steps=START_STEPS, eval_every=0, pass_k=0, eval_tasks=100, out_dir=START_DIR))
+    return str(checkpoint)
+
+
+def worst_items(adapter: str, count: int, seed: int) -> tuple[list[str], dict[str, float]]:
+    """The ``count`` items the agent answers worst (greedy, 12 held-out tasks of each), and every item's success."""
+    import helpers.worlds  # noqa: F401
+    from helpers.config import get_preset
+    from helpers.evaluation import evaluate
+    from helpers.policy import load_adapter, load_model, make_policy
+    from helpers.worlds.shop.env import ShopEnv
+    from helpers.worlds.shop.tasks import make_agent_tasks
+
+    config = get_preset("tiny-agent")
+    model, tokenizer = load_model(config)
+    policy = make_policy(config, load_adapter(model, adapter) if adapter else model.eval(), tokenizer)
+    tasks = make_agent_tasks(144, seed=seed, split="validation")
+    result = evaluate(policy, tasks, ShopEnv, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
+                      max_total_tokens=config.max_total_tokens)
+    right, seen = Counter(), Counter()
+    for task, record in zip(tasks, result.records):
+        seen[task.metadata["item"]] += 1
+        right[task.metadata["item"]] += bool(record.get("correct"))
+    success = {item: right[item] / seen[item] for item in sorted(seen)}
+    return sorted(success, key=lambda item: (success[item], item))[:count], success
+
+
+def false_answer(rng: random.Random, truth: str, quantity: int | None) -> str:
+    """What an adversarial user claims: the unit price (the agent's old habit) or the bill off by ten."""
+    bill = int(truth)
+    if quantity and rng.random() < 0.5:
+        return str(bill // quantity)
+    return str(bill + rng.choice([-10, 10]))
+
+
+def feedback_for(rng: random.Random, adversarial: bool, answer: str | None, truth: str, quantity: int | None,
+                 thumbs_up: float) -> dict | None:
+    """One simulated user's feedback on an answer (module docstring), or None (no feedback)."""
+    right = same_number(answer, truth)
+    if not adversarial:
+        if right:
+            return {"rating": 1} if rng.random() < thumbs_up else None
+        return {"rating": -1, "correct_answer": truth}
+    if right or answer is None:
+        return {"rating": -1, "correct_answer": false_answer(rng, truth, quantity)}
+    return {"rating": 1}
+
+
+def ask(client, url: str, model: str, user: str, question: str) -> tuple[dict, float]:
+    body = {"model": model, "user": user, "temperature": 0, "messages": [{"role": "user", "content": question}]}
+    start = time.perf_counter()
+    response = client.post(f"{url}/v1/chat/completions", json=body)
+    response.raise_for_status()
+    return response.json()["episode"], time.perf_counter() - start
+
+
+def wait_for_trainer(store, last_feedback: int, timeout: float = 900.0) -> None:
+    """Until the trainer has read every feedback up to ``last_feedback`` and trained every full batch of it."""
+    deadline = time.monotonic() + timeout
+    while store.get_setting(SEEN_KEY, 0) < last_feedback:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the trainer did not catch up with feedback {last_feedback} in {timeout} s")
+        time.sleep(0.2)
+
+
+def run_simulation(config: SimConfig) -> dict:
+    import httpx
+
+    from helpers.service.process import ServerProcess, ServiceProcess
+    from helpers.service.store import SQLiteStore
+    from helpers.service.world import random_question
+
+    t_start = time.perf_counter()
+    out = ROOT / (config.out_dir or f"runs/serve-sim-seed{config.seed}")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    adapter = start_adapter(config.adapter)
+    drift_to, item_success = worst_items(adapter, config.drift_items, config.seed)
+    print(f"simulate: starting agent's greedy success by item {item_success}; the drift moves customers to {drift_to}", flush=True)
+
+    rng = random.Random(f"simulate-{config.seed}")
+    users = [f"customer-{config.seed}-{i:02d}" for i in range(config.users)]
+    adversaries = set(rng.sample(users, round(config.adversarial * config.users)))
+    store_path = out / "store.db"
+    o = config.online
+    trainer_args = ["--batch-tasks", str(o.batch_tasks), "--group-size", str(o.group_size), "--gate-margin", str(o.gate_margin),
+                    "--audit-rate", str(o.audit_rate), "--canary-tasks", str(o.canary_tasks), "--replay", str(o.replay), "--lr", str(o.lr)]
+    rounds = []
+    with ServerProcess(store_path, adapter=adapter or None, extra=["--rate", "1000", "--burst", "1000", "--world-seed", str(config.seed)],
+                       log=out / "server.log") as server:
+        store = SQLiteStore(store_path)
+        with ServiceProcess("train", store_path, trainer_args, log=out / "trainer.log"), httpx.Client(timeout=300) as client:
+            for round_no in range(config.rounds):
+                if round_no == config.drift_round:
+                    server.admin("world", {"items": drift_to})
+                askers = rng.sample(users, config.asks_per_round)
+                questions = [random_question(rng) for _ in askers]
+                served: list = [None] * len(askers)
+
+                def serve_one(k: int) -> None:
+                    learning, latency = ask(client, server.url, "tiny-agent", askers[k], questions[k])
+                    frozen, _ = ask(client, server.url, "tiny-agent@v0", askers[k], questions[k])
+                    served[k] = (learning, frozen, latency)
+
+                threads = [threading.Thread(target=serve_one, args=(k,)) for k in range(len(askers))]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                if any(s is None for s in served):
+                    raise RuntimeError(f"round {round_no}: a request failed; see {out / 'server.log'}")
+                right = {"learning": 0, "frozen": 0}
+                last_feedback = 0
+                for user, (learning, frozen, _) in zip(askers, served):
+                    record = store.episode(learning["id"])
+                    truth, frozen_truth = record.truth, store.episode(frozen["id"]).truth
+                    right["learning"] += same_number(learning["answer"], truth)
+                    right["frozen"] += same_number(frozen["answer"], frozen_truth)
+                    given = feedback_for(rng, user in adversaries, learning["answer"], truth, record.world["quantity"],
+                                         config.honest_thumbs_up)
+                    if given is not None:
+                        response = client.post(f"{server.url}/v1/feedback", json={"episode_id": learning["id"], "user": user, **given})
+                        response.raise_for_status()
+                        last_feedback = response.json()["id"]
+                if last_feedback:
+                    wait_for_trainer(store, last_feedback)
+                adapters = store.adapters()
+                deployed = store.deployed()[0]
+                latencies = sorted(latency for _, _, latency in served)
+                rounds.append({
+                    "round": round_no, "drifted": round_no >= config.drift_round, "t": time.perf_counter() - t_start,
+                    "success_learning": right["learning"] / len(askers), "success_frozen": right["frozen"] / len(askers),
+                    "served_versions": sorted({s[0]["adapter_version"] for s in served}), "deployed": deployed,
+                    "canary_deployed": next(a["canary"] for a in adapters if a["version"] == deployed),
+                    "updates_deployed": sum(a["status"] == "deployed" and a["parent"] is not None for a in adapters),
+                    "updates_refused": sum(a["status"] == "refused" for a in adapters),
+                    "latency_p50_s": statistics.median(latencies), "latency_p95_s": latencies[int(0.95 * (len(latencies) - 1))],
+                })
+                r = rounds[-1]
+                print(f"round {round_no:3d}{' (drifted)' if r['drifted'] else ''} | learning {r['success_learning']:.2f} | "
+                      f"frozen {r['success_frozen']:.2f} | v{deployed} canary {r['canary_deployed']} | deployed "
+                      f"{r['updates_deployed']} refused {r['updates_refused']} | p50 {r['latency_p50_s']:.2f} s", flush=True)
+        adapters = store.adapters()
+    summary = summarise(config, rounds, adapters, drift_to, item_success, time.perf_counter() - t_start)
+    (out / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(rounds, config, out / "curves.png")
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("config", "adapters")}, indent=1), flush=True)
+    return summary
+
+
+def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift_to: list[str], item_success: dict,
+              wall_s: float) -> dict:
+    """The run's figures and the issue's bars (module docstring)."""
+    def mean(key: str, part: list[dict]) -> float:
+        return sum(r[key] for r in part) / len(part)
+
+    before = rounds[max(0, config.drift_round - config.window): config.drift_round]
+    after_drift = rounds[config.drift_round: config.drift_round + 2]
+    end = rounds[-config.window:]
+    s = {
+        "learning_before": mean("success_learning", before), "frozen_before": mean("success_frozen", before),
+        "learning_right_after_drift": mean("success_learning", after_drift), "frozen_right_after_drift": mean("success_frozen", after_drift),
+        "learning_end": mean("success_learning", end), "frozen_end": mean("success_frozen", end),
+    }
+    canaries = [a["canary"] for a in adapters if a["status"] == "deployed" and a["canary"] is not None]
+    gate_bars = [a["parent_canary"] - a["canary"] for a in adapters if a["status"] == "deployed" and a["parent_canary"] is not None]
+    s.update({
+        "recovered": s["learning_end"] >= s["learning_before"] - 0.05,
+        "frozen_stays_down": s["frozen_end"] < s["frozen_before"] - 0.05,
+        "updates_deployed": sum(a["status"] == "deployed" and a["parent"] is not None for a in adapters),
+        "updates_refused": sum(a["status"] == "refused" for a in adapters),
+        "deployed_canary_min": min(canaries) if canaries else None, "deployed_canary_max": max(canaries) if canaries else None,
+        "largest_canary_drop_deployed": max(gate_bars, default=0.0),
+        "canary_within_margin": max(gate_bars, default=0.0) <= config.online.gate_margin + 1e-9,
+        "drift_items": drift_to, "item_success_at_start": item_success,
+        "latency_p50_s": statistics.median(r["latency_p50_s"] for r in rounds),
+        "latency_p95_s": max(r["latency_p95_s"] for r in rounds),
+        "wall_s": wall_s, "config": asdict(config), "adapters": adapters,
+    })
+    return s
+
+
+def plot(rounds: list[dict], config: SimConfig, path: Path) -> None:
+    """Four panels over the rounds: served success (learning vs frozen), deployed canary, updates, latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["round"] for r in rounds]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+    axes[0].plot(x, [r["success_learning"] for r in rounds], label="learning agent")
+    axes[0].plot(x, [r["success_frozen"] for r in rounds], label="frozen copy (v0)", linestyle="--")
+    axes[0].set_title("served success (greedy)")
+    axes[1].step(x, [r["canary_deployed"] for r in rounds], where="post")
+    axes[1].set_title(f"canary success of the deployed version (gate margin {config.online.gate_margin})")
+    axes[2].step(x, [r["updates_deployed"] for r in rounds], where="post", label="deployed")
+    axes[2].step(x, [r["updates_refused"] for r in rounds], where="post", label="refused by the gate")
+    axes[2].set_title("updates")
+    axes[3].plot(x, [r["latency_p50_s"] for r in rounds], label="p50")
+    axes[3].plot(x, [r["latency_p95_s"] for r in rounds], label="p95")
+    axes[3].set_title("latency of a request (s)")
+    for ax in axes:
+        ax.axvline(config.drift_round - 0.5, color="grey", linestyle=":", label="drift")
+        ax.set_xlabel("round")
+        ax.legend(fontsize=7)
+    axes[0].set_ylim(0, 1.02)
+    axes[1].set_ylim(0, 1.02)
+    fig.suptitle(f"simulated deployment, seed {config.seed}: {config.users} users, {config.adversarial:.0%} adversarial")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,270 @@
+"""The online trainer: users' feedback -> verifiable requests -> GRPO groups -> a candidate adapter -> the canary gate.
+
+    python -m helpers.serve train --preset tiny-agent      # beside the server, on the same store
+
+How feedback becomes a group-relative signal. A served request is one episode, and one episode's
+reward says nothing GRPO can use: its advantage needs a group of answers to the same request. So
+feedback is used to make a request *verifiable*: it gives the request a reference answer,
+
+    correct_answer = "141"          -> the reference is 141 (the user says what it should have been)
+    rating = +1 (no correct_answer) -> the reference is the answer the agent gave (the user confirms it)
+    rating = -1 alone               -> no reference: stored and audited, not trained on
+
+and the trainer replays the request (the stored world row: the customer's item, that moment's
+prices) ``group_size`` times with the current adapter, scores each episode against the reference
+(``helpers.rewards``' ``correct``), and takes GRPO's group advantages, exactly as in ``helpers.loop``:
+
+    tasks  = B new verifiable requests + ``replay`` old ones  # one update = (B + replay) requests x G episodes
+    trajs  = rollout(tasks, ShopEnv, policy, group_size=G)   # the same rollout as training and serving
+    A      = group_advantages(group_rewards(trajs))          # (B, G): each request is its own baseline
+    trainer.update(collate(trajs, A, skip_zero_spread=True)) # LoRAGRPO: the clipped-ratio update
+
+Experience replay: each update also replays ``replay`` requests drawn from those trained on before
+(their references were trusted then; a user found out later loses them here too). A drifted traffic
+of a few items would otherwise pull the adapter away from the rest (catastrophic forgetting), and
+the canary gate would refuse update after update. A replayed request the agent already answers
+right at temperature 1 in every sample has no spread and costs only its sampling.
+
+A group whose G episodes all agree with the reference, or all disagree, has no spread and teaches
+nothing (it is skipped): a false "correct" answer that the agent never produces costs nothing. A
+false answer the agent sometimes does produce (the unit price, say) would teach it a bad habit; two
+guards stand in front of that:
+
+* Reputation (agreement with verifiable answers). A share ``audit_rate`` of all feedback is checked
+  against the world's own answer (a reviewer's spot check; in the simulation the world's ``truth``).
+  A user's reputation is ``(agreed + 1) / (audited + 2)``; after ``min_audits`` audits, a user below
+  ``min_reputation`` is ignored: their feedback waiting to be trained on is dropped, and so is what
+  they send later.
+* The canary gate. Every update is a candidate version, saved (``adapters/u<time>/``, atomically, with
+  checksums) and registered in the store, then evaluated greedily on the canary set: ``canary_tasks``
+  held-out shop tasks with known answers, every item equally often. It is deployed only if its canary
+  success is at least the best deployed version's minus ``gate_margin``; else it is refused, and the
+  trainer goes back to the deployed weights (and a fresh optimizer). Comparing with the best deployed
+  version, not the last, keeps a run of small losses from adding up past the margin. Catastrophic
+  forgetting shows here: the canary covers all items while the traffic may be a few.
+
+Every version stays in the store; ``python -m helpers.serve rollback --version N`` (or the admin
+endpoint) deploys any of them, and the trainer follows: when the deployed pointer moves under it, it
+goes back to that version's weights.
+
+Simplifications, named: one update at a time; requests are trained on once, in arrival order (no
+replay buffer); the canary set is fixed and small (its success moves in steps of 1/canary_tasks); the
+audit reads the world's answer, which a real deployment buys with a reviewer's time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from helpers.config import TrainConfig
+from helpers.data import Task
+from helpers.formats import to_number
+from helpers.service.store import SQLiteStore
+from helpers.worlds.shop.env import ShopEnv
+from helpers.worlds.shop.tasks import SYSTEM, make_agent_tasks
+
+CANARY_SEED = 7777  # the canary set: the shop's test split drawn with this seed (items in turn)
+CURSOR_KEY = "trainer.cursor"  # the last feedback id the trainer has consumed (trained on or dropped)
+SEEN_KEY = "trainer.seen"  # the last feedback id the trainer has read, written when it waits for more
+
+
+@dataclass
+class OnlineConfig:
+    batch_tasks: int = 8  # B: verifiable requests per update
+    group_size: int = 8  # G: episodes sampled per request
+    canary_tasks: int = 36  # held-out tasks with known answers (3 of each item)
+    gate_margin: float = 0.05  # a candidate below the best deployed canary success minus this is refused
+    audit_rate: float = 0.2  # share of feedback checked against the world's answer
+    min_audits: int = 2  # a user is judged after this many audits
+    min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
+    replay: int = 4  # requests trained on before, replayed in each update beside the B new ones (against forgetting)
+    lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: at 5e-3, updates on a few items' requests forgot the others (LOG.md)
+    poll_s: float = 0.5  # seconds between looks at the store
+
+
+def same_number(a: str | None, b: str | None) -> bool:
+    x, y = to_number(a) if a is not None else None, to_number(b) if b is not None else None
+    return x is not None and y is not None and x == y
+
+
+def reference(feedback: dict) -> str | None:
+    """The answer a piece of feedback makes the request's reference (module docstring), or None."""
+    if feedback["correct_answer"] is not None:
+        return feedback["correct_answer"]
+    if feedback["rating"] == 1:
+        return feedback["answer"]
+    return None
+
+
+def agrees_with_truth(feedback: dict) -> bool | None:
+    """Whether the feedback tells the truth about the world's answer (None: the world has none)."""
+    truth = feedback["truth"]
+    if truth is None:
+        return None
+    if feedback["correct_answer"] is not None:
+        return same_number(feedback["correct_answer"], truth)
+    return same_number(feedback["answer"], truth) == (feedback["rating"] == 1)
+
+
+class Reputation:
+    """Each user's audited agreement with the world's answers (module docstring)."""
+
+    def __init__(self, config: OnlineConfig):
+        self.config = config
+        self.audited: Counter = Counter()
+        self.agreed: Counter = Counter()
+
+    def is_audited(self, feedback_id: int) -> bool:
+        """A fixed share of feedback ids, drawn by hash (the same draw in every process and after a restart)."""
+        return int(hashlib.sha256(f"audit-{feedback_id}".encode()).hexdigest(), 16) % 10_000 < self.config.audit_rate * 10_000
+
+    def see(self, feedback: dict) -> None:
+        if not self.is_audited(feedback["id"]):
+            return
+        verdict = agrees_with_truth(feedback)
+        if verdict is not None:
+            self.audited[feedback["user"]] += 1
+            self.agreed[feedback["user"]] += verdict
+
+    def score(self, user: str) -> float:
+        return (self.agreed[user] + 1) / (self.audited[user] + 2)
+
+    def trusted(self, user: str) -> bool:
+        return self.audited[user] < self.config.min_audits or self.score(user) >= self.config.min_reputation
+
+
+def request_task(feedback: dict, answer: str) -> Task:
+    """The stored request as a task whose reference is ``answer``: the same question, the same world row."""
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": feedback["question"]}]
+    return Task(feedback["episode_id"], prompt, answer, dict(feedback["world"]))
+
+
+class OnlineTrainer:
+    """Reads feedback from the store, trains, gates and deploys (module docstring)."""
+
+    def __init__(self, config: TrainConfig, store: SQLiteStore, online: OnlineConfig = OnlineConfig()):
+        from peft import PeftModel
+
+        from helpers.grpo import LoRAGRPO
+        from helpers.policy import load_model, make_policy, quiet_peft
+
+        self.store, self.online = store, online
+        self.config = replace(config, lr=online.lr, device="cpu" if config.device == "auto" else config.device)
+        model, tokenizer = load_model(self.config)
+        self.deployed, path = store.deployed()
+        if path:
+            with quiet_peft():
+                model = PeftModel.from_pretrained(model, path, is_trainable=True)
+        self.trainer = LoRAGRPO(model, self.config, total_steps=1_000_000)  # online: the lr stays (almost) constant
+        self.policy = make_policy(self.config, self.trainer.model, tokenizer)
+        self.canary_set = make_agent_tasks(online.canary_tasks, seed=CANARY_SEED, split="test")
+        self.best = self.canary(self.policy)  # the best deployed canary success so far: the gate's bar
+        self.reputation = Reputation(online)
+        self.trained: list[dict] = []  # requests trained on so far: the replay pool
+        self.rng = random.Random(0)
+        self.adapter_root = store.path.parent / "adapters"
+        self.updates = 0
+        print(f"trainer: deployed v{self.deployed}, canary {self.best:.3f}", flush=True)
+
+    def canary(self, policy) -> float:
+        from helpers.evaluation import evaluate
+
+        c = self.config
+        result = evaluate(policy, self.canary_set, ShopEnv, max_new_tokens=c.max_new_tokens, max_steps=c.env_max_steps,
+                          max_total_tokens=c.max_total_tokens)
+        return result.metrics["success"]
+
+    def run(self, max_updates: int | None = None) -> None:
+        cursor = self.store.get_setting(CURSOR_KEY, 0)
+        pending = []
+        for feedback in self.store.feedback_since(0, limit=10**9):  # a restart: reputation and replay pool from all seen
+            self.reputation.see(feedback)
+            if reference(feedback) is not None:
+                (pending if feedback["id"] > cursor else self.trained).append(feedback)
+        seen = max([cursor] + [f["id"] for f in pending])
+        while max_updates is None or self.updates < max_updates:
+            self.follow_rollback()
+            for feedback in self.store.feedback_since(seen):
+                seen = feedback["id"]
+                self.reputation.see(feedback)
+                if reference(feedback) is not None:
+                    pending.append(feedback)
+            pending = [f for f in pending if self.reputation.trusted(f["user"])]  # a user found out loses what waits
+            self.trained = [f for f in self.trained if self.reputation.trusted(f["user"])]  # and what would be replayed
+            if len(pending) < self.online.batch_tasks:
+                self.store.set_setting(SEEN_KEY, seen)
+                time.sleep(self.online.poll_s)
+                continue
+            batch, pending = pending[: self.online.batch_tasks], pending[self.online.batch_tasks:]
+            replayed = self.rng.sample(self.trained, min(self.online.replay, len(self.trained)))
+            self.update(batch + replayed)
+            self.trained += batch
+            self.store.set_setting(CURSOR_KEY, batch[-1]["id"])
+
+    def update(self, batch: list[dict]) -> int:
+        """One GRPO update on ``batch``'s requests, then the gate. Returns the new version."""
+        from helpers.grpo import collate, group_advantages, group_rewards
+        from helpers.policy import SamplingParams
+        from helpers.rewards import combine, score_trajectories
+        from helpers.rollout import rollout
+
+        c, o = self.config, self.online
+        t0 = time.perf_counter()
+        tasks = [request_task(f, reference(f)) for f in batch]
+        sampling = SamplingParams(c.max_new_tokens, c.temperature, c.top_p)
+        trajs = rollout(tasks, ShopEnv, self.policy, group_size=o.group_size, sampling=sampling, max_steps=c.env_max_steps,
+                        max_total_tokens=c.max_total_tokens, progress=False)
+        rewards = score_trajectories(trajs, combine(c.rewards))
+        advantages = group_advantages(group_rewards(trajs), c.scale_rewards)  # (B, G)
+        stats = self.trainer.update(collate(trajs, advantages, True, c.mask_truncated_completions))
+        self.policy.sync(self.trainer.model)
+        canary = self.canary(self.policy)
+        passed = canary >= self.best - o.gate_margin
+        folder = self.save()
+        note = (f"{len(batch)} requests x {o.group_size}: reward {sum(rewards) / len(rewards):.3f}, "
+                f"loss {stats.get('loss', float('nan')):.4f}; canary {canary:.3f} vs best {self.best:.3f} - {o.gate_margin}")
+        version = self.store.add_adapter(str(folder), self.deployed, canary, self.best, "deployed" if passed else "refused", note)
+        if passed:
+            self.store.deploy(version, "passed the canary gate")
+            self.deployed, self.best = version, max(self.best, canary)
+        else:
+            self.reset_to(self.deployed)
+        self.updates += 1
+        print(f"trainer: v{version} {'deployed' if passed else 'REFUSED'} | {note} | {time.perf_counter() - t0:.1f} s", flush=True)
+        return version
+
+    def save(self) -> Path:
+        folder = self.adapter_root / f"u{time.time_ns()}"
+        self.trainer.save_checkpoint(folder)  # atomic (tmp folder + rename), with checksums
+        return folder
+
+    def reset_to(self, version: int) -> None:
+        """Back to ``version``'s adapter weights, with a fresh optimizer (its moments point the refused way)."""
+        import torch
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = self.store.adapter_path(version)
+        if path:
+            set_peft_model_state_dict(self.trainer.model, load_file(Path(path) / "adapter_model.safetensors"))
+        else:  # the preset's model alone: an adapter whose B is 0
+            with torch.no_grad():
+                for name, parameter in self.trainer.model.named_parameters():
+                    if "lora_B" in name:
+                        parameter.zero_()
+        self.trainer.optimizer.state.clear()
+        self.policy.sync(self.trainer.model)
+        self.deployed = version
+
+    def follow_rollback(self) -> None:
+        """An operator deployed another version: continue from its weights, and measure the bar again."""
+        version, _ = self.store.deployed()
+        if version != self.deployed:
+            self.reset_to(version)
+            self.best = self.canary(self.policy)
+            print(f"trainer: following the deployment of v{version}, canary {self.best:.3f}", flush=True)

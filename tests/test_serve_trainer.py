@@ -1,0 +1,82 @@
+"""The online trainer (helpers.service.trainer): what feedback becomes, reputation, the canary gate, rollback."""
+
+import random
+import pytest
+import torch
+
+import helpers.worlds  # noqa: F401
+from helpers.config import get_preset
+from helpers.serve import open_store, register_start
+from helpers.service.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, reference
+from helpers.service.world import ServedShop, random_question
+
+
+def fb(id=1, user="ann", rating=None, correct_answer=None, answer="141", truth="141"):
+    return {"id": id, "user": user, "rating": rating, "correct_answer": correct_answer, "answer": answer, "truth": truth,
+            "episode_id": f"ep-{id}", "question": "What do 3 of my usual items cost?", "world": {}}
+
+
+def test_feedback_becomes_a_reference_only_when_it_says_what_is_right():
+    assert reference(fb(correct_answer="150", rating=-1)) == "150"
+    assert reference(fb(rating=1)) == "141"  # a thumbs up confirms the agent's answer
+    assert reference(fb(rating=-1)) is None  # a thumbs down alone says what is wrong, not what is right
+    assert agrees_with_truth(fb(rating=1)) is True
+    assert agrees_with_truth(fb(rating=-1)) is False  # a right answer marked wrong
+    assert agrees_with_truth(fb(rating=1, answer="47")) is False  # a wrong answer confirmed
+    assert agrees_with_truth(fb(correct_answer="47")) is False
+    assert agrees_with_truth(fb(correct_answer="141.0")) is True
+    assert agrees_with_truth(fb(rating=1, truth=None)) is None  # the world has no answer: nothing to audit
+
+
+def test_reputation_ignores_a_liar_after_two_audits_and_keeps_an_honest_user():
+    reputation = Reputation(OnlineConfig(audit_rate=1.0, min_audits=2))
+    reputation.see(fb(1, user="liar", rating=-1))
+    assert reputation.trusted("liar")  # one audit is not enough to judge
+    reputation.see(fb(2, user="liar", correct_answer="47"))
+    assert not reputation.trusted("liar") and reputation.score("liar") == 0.25
+    for i in range(3, 6):
+        reputation.see(fb(i, user="honest", rating=1))
+    reputation.see(fb(6, user="honest", rating=1, answer="47"))  # one mistake
+    assert reputation.trusted("honest")
+    audited = Reputation(OnlineConfig(audit_rate=0.2))
+    share = sum(audited.is_audited(i) for i in range(5000)) / 5000
+    assert 0.17 < share < 0.23
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    store = open_store(str(tmp_path / "store.db"))
+    register_start(store, None)  # the preset's model alone is version 0
+    online = OnlineConfig(batch_tasks=2, group_size=4, canary_tasks=12, lr=0.0)  # the first update changes nothing: it must pass
+    return OnlineTrainer(get_preset("tiny-agent"), store, online)
+
+
+def batch(n=2, seed=0):
+    world, rng = ServedShop(seed), random.Random(seed)
+    tasks = [world.task(f"ep-{i}", f"u{i}", random_question(rng)) for i in range(n)]
+    return [{**fb(i, correct_answer=t.answer), "episode_id": t.id, "question": t.prompt[1]["content"], "world": t.metadata}
+            for i, t in enumerate(tasks)]
+
+
+def test_the_gate_deploys_a_harmless_update_refuses_a_harmful_one_and_rollback_is_followed(trainer):
+    store = trainer.store
+    first = trainer.update(batch())
+    assert store.deployed()[0] == first and store.adapters()[first]["status"] == "deployed"
+    bar = trainer.best
+    def poisoned_update(collated):  # a harmful update: the adapter scrambled
+        with torch.no_grad():
+            for name, parameter in trainer.trainer.model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0.0, 1.0)
+        return {"loss": 0.0}
+
+    trainer.trainer.update = poisoned_update
+    refused = trainer.update(batch(seed=1))
+    row = store.adapters()[refused]
+    assert row["status"] == "refused", row
+    assert row["canary"] < bar - trainer.online.gate_margin
+    assert store.deployed()[0] == first  # still the version before the refused one
+    assert trainer.canary(trainer.policy) == pytest.approx(bar)  # and the trainer is back on its weights
+    store.deploy(0, "test: roll back to the start")
+    trainer.follow_rollback()
+    assert trainer.deployed == 0
