@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     if benchmark is not None:  # the benchmark's tasks, env and episode limits; the preset's model
         config = replace(config, dataset=args.benchmark, env=benchmark.env, env_max_steps=benchmark.max_steps,
                          max_new_tokens=benchmark.max_new_tokens, max_total_tokens=benchmark.max_total_tokens)
+        if benchmark.config_for is not None:  # a member played another way (BFCL's multi-turn categories: their simulators)
+            config = replace(config, **benchmark.config_for(args.benchmark))
     if args.max_new_tokens is not None:
         config = replace(config, max_new_tokens=args.max_new_tokens)
     if args.base_url is not None:  # a served model plays the episodes (helpers.endpoint): the same tasks, envs and numbers

@@ -267,6 +267,7 @@ class Benchmark:
     members: str = ""  # a family's members, for --help: what may follow "name/" (BFCL's categories)
     score_file: Callable[[str, str | Path], dict] | None = None  # (name, path) -> metrics: a file format of the benchmark's own
     # (BFCL's result files), scored by it instead of by score_answers' one {task_id, completion} per line
+    config_for: Callable[[str], dict] | None = None  # name -> TrainConfig fields for a member played another way (its env)
 
 
 BENCHMARKS: dict[str, Benchmark] = {}

@@ -15,7 +15,7 @@ from helpers.evaluate import main as evaluate_main
 from helpers.rollout import load_trajectories
 from helpers.train import main as train_main
 from helpers.worlds.bfcl import official
-from helpers.worlds.bfcl.env import multiturn_class
+from helpers.worlds.bfcl.env import member_config, multiturn_class
 from helpers.worlds.bfcl.tasks import (MULTI_TURN, NO_CALL, SUPPORTED, UNSATISFIABLE, broken_result, load_category, reference_result,
                                        tool_call_text)
 
@@ -135,6 +135,17 @@ def test_the_multi_turn_simulators_are_an_env_the_official_checker_judges():
     with pytest.raises(ValueError, match="this env hosts GorillaFileSystem"):
         make_env("bfcl_multiturn", classes="GorillaFileSystem").reset(next(t for t in other if "TradingBot" in t.metadata["entry"]["involved_classes"]))
     assert MULTI_TURN[0] == "multi_turn_base"
+
+
+def test_a_model_plays_a_benchmark_member_in_its_env(capsys):
+    assert member_config("bfcl/live_simple") == {}
+    assert member_config("bfcl/multi_turn_base:TwitterAPI+GorillaFileSystem") == {
+        "env": "bfcl_multiturn", "env_kwargs": {"classes": "GorillaFileSystem+TwitterAPI"}, "env_max_steps": 20}
+    with pytest.raises(DatasetError, match="name them"):
+        member_config("bfcl/multi_turn_base")
+    line = evaluate_main(["--benchmark", "bfcl/multi_turn_base:GorillaFileSystem", "--preset", "bfcl-multiturn-smoke", "--n", "1",
+                          "--k", "0", "--max-new-tokens", "16"])
+    assert line["n"] == 1 and line["score"] == 0.0  # the tiny agent never solves one: the path, not the skill
 
 
 def test_the_smoke_preset_trains_on_the_simulators(tmp_path):

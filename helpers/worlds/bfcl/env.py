@@ -3,6 +3,7 @@
     env = make_env("bfcl", max_steps=1)                       # Episode(BfclEnv()): one reply, BFCL's verdict
     env = make_env("bfcl_multiturn", classes="GorillaFileSystem", max_steps=20)   # the file-system simulator's tools
     python -m helpers.evaluate --benchmark bfcl --answers result/        # BFCL's result files, scored by BFCL's checker
+    python -m helpers.evaluate --benchmark bfcl/multi_turn_base:GorillaFileSystem --preset tiny-agent   # a model on the simulators
 
 ``BfclEnv`` (``"bfcl"``): the task's prompt already lists the function docs (``tasks.tools_system_prompt``);
 the env has no tools of its own, so the model's one reply is the answer: its ``<tool_call>`` blocks
@@ -96,6 +97,7 @@ register_env("bfcl", BfclEnv)
 
 # --- the multi-turn simulators as an env ---------------------------------------------------------
 
+MULTI_TURN_STEPS = 20  # assistant turns of a multi-turn episode played by --benchmark: 2-5 user turns, each calls and a reply
 TYPES = {"string": str, "integer": int, "float": float, "number": float, "boolean": bool, "dict": dict, "object": dict}
 
 
@@ -260,6 +262,19 @@ def score_results(name: str, path: str | Path) -> dict:
     return {"categories": scores}
 
 
+def member_config(name: str) -> dict:
+    """How ``--benchmark name`` plays a member with a model: a single-turn category in ``BfclEnv`` (the
+    benchmark's defaults, ``{}``), a multi-turn one on its simulators, named in the member
+    (``bfcl/multi_turn_base:GorillaFileSystem``: one env class has one set of tools)."""
+    category, classes = parse_member(name.partition("/")[2])
+    if not is_multi_turn(category):
+        return {}
+    if classes is None:
+        raise DatasetError(f"{name}: a multi-turn category is played on its simulators; name them, e.g. "
+                           f"{name}:GorillaFileSystem (the entries that use only those)")
+    return {"env": "bfcl_multiturn", "env_kwargs": {"classes": "+".join(classes)}, "env_max_steps": MULTI_TURN_STEPS}
+
+
 def judge_output(task, output: str) -> dict:
     """One reply to a single-turn task, judged as the env judges it."""
     (verdict,) = judge_results(task.metadata["category"], [{"id": task.id, "result": output}])
@@ -275,4 +290,5 @@ register_benchmark("bfcl", Benchmark(
     max_total_tokens=8192,  # the live categories' function docs run to thousands of tokens
     members=", ".join(SUPPORTED) + " (BFCL's categories; bfcl alone, with --answers: every category of the file)",
     score_file=score_results,
+    config_for=member_config,
 ))
