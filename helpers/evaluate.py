@@ -4,6 +4,7 @@
     python -m helpers.evaluate --benchmark humaneval --preset gsm8k-24gb --k 10          # Qwen2.5-1.5B: pass@1, pass@10
     python -m helpers.evaluate --benchmark reasoning_gym/chain_sum --n 100 --seed 1      # reasoning-gym's verifier, mean score
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
+    python -m helpers.evaluate --preset tiny-kuhn --adapter runs/tiny-kuhn-seed0/checkpoint-40 --opponent mymodule:my_player --n 240
     python -m helpers.evaluate --benchmark bfcl --answers result/                       # BFCL's result files: its per-category accuracy
     python -m helpers.evaluate --preset tiny-agent --base-url http://127.0.0.1:8000/v1   # a served model (vllm serve ...)
 
@@ -18,6 +19,13 @@ model (and ``--adapter`` an adapter on it). ``--answers FILE`` scores a file of 
 benchmark's judge and no model (``helpers.evaluation.score_answers``). Both print the benchmark's
 own metrics: pass@k with the unbiased estimator (``pass_at_k_table``) and the mean per-sample
 ``score`` (HumanEval: passed; reasoning-gym: the verifier's value, partial credit included).
+
+``--opponent module:function`` (a game preset, ``tiny-kuhn``) plays the policy against any function
+``(observation: str, legal_moves: list[str]) -> str`` that returns a move, seats alternating by hand,
+and adds the hands' wins, draws and losses, the chips per hand, the opponent's illegal moves and
+exceptions (each forfeits its hand, counted) and the policy's exact exploitability
+(``helpers.worlds.games``). ``--temperature 1`` plays the policy's own mixed strategy; greedy (the
+default) always plays its likelier move.
 
 ``--base-url URL`` plays the episodes through any OpenAI-compatible endpoint instead of a local model
 (``helpers.endpoint``: chat completions with the env's tools; the same envs, judges and metrics):
@@ -83,6 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"a public benchmark ({', '.join(sorted(BENCHMARKS))}; the list below): its tasks, env and limits; the preset gives the model")
     parser.add_argument("--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int, default=None,
                         help="tokens per turn (default: the benchmark's, else the preset's)")
+    parser.add_argument("--opponent", default=None, metavar="MODULE:FUNCTION",
+                        help="a game preset: play against this function (observation, legal_moves) -> move, seats balanced")
     parser.add_argument("--answers", default=None, metavar="FILE",
                         help="with --benchmark: score this file of model outputs, one {task_id, completion} per line, without a model")
     parser.add_argument("--base-url", default=None, metavar="URL",
@@ -137,6 +147,10 @@ def main(argv: list[str] | None = None) -> dict:
             config = replace(config, max_total_tokens=positions)  # longer prompt ends its episode unplayed (truncated, 0)
         play, source = partial(evaluate, make_policy(config, model, tokenizer)), {"adapter": args.adapter}
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
+    if args.opponent is not None:  # a game world's hands: the opponent is the task's `opponent` column
+        if config.dataset != "kuhn_poker":
+            parser.error(f"--opponent needs a game preset (tiny-kuhn); {args.preset} plays no opponent")
+        tasks = [replace(t, metadata={**t.metadata, "opponent": args.opponent}) for t in tasks]
     k = config.pass_k if args.k is None else args.k
     result = play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
                   greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
@@ -145,6 +159,13 @@ def main(argv: list[str] | None = None) -> dict:
             **result.metrics, "failures": breakdown(result.records)}
     if benchmark is not None:
         line = {"benchmark": args.benchmark, **line, **benchmark_metrics(result, k)}
+    if args.opponent is not None:
+        from helpers.worlds.games.env import match_report
+        from helpers.worlds.games.strength import exploitability, move_table
+
+        line.update(opponent=args.opponent, **match_report(result.trajectories))
+        if args.base_url is None:  # the exact measure reads the local model's logits
+            line["exploitability"] = exploitability(move_table(model, tokenizer))
     print(json.dumps(line))
     return line
 

@@ -5,6 +5,7 @@
     arithmetic/   the one-call world: copy the question into the calculator (tiny-cpu)
     shop/         the multi-step shop world: usual() -> lookup(item) -> calculator(...) (tiny-agent)
     selfplay/     one policy proposes tasks and solves them (tiny-selfplay, tiny-selfplay-fixed)
+    games/        two-player zero-sum games: self-play in Kuhn poker with a baseline per seat (tiny-kuhn)
     gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb, gsm8k-24gb-tools, gsm8k-t4, and CPU smoke presets)
     reasoning_gym/  reasoning-gym's generators, "reasoning_gym/<generator>", each scored by its own verifier (reasoning-gym-cpu)
     humaneval/    HumanEval's 164 problems, their own tests run in the workbook's sandbox (a benchmark: test split only)
@@ -17,4 +18,4 @@ A world plugs into the lower layers through their registries only (``register_da
 commands (``helpers.train``, ``helpers.evaluate``) import this package to have them all.
 """
 
-from helpers.worlds import arithmetic, bfcl, gaia, gsm8k, humaneval, reasoning_gym, selfplay, shop  # noqa: F401
+from helpers.worlds import arithmetic, bfcl, gaia, games, gsm8k, humaneval, reasoning_gym, selfplay, shop  # noqa: F401

@@ -1,0 +1,66 @@
+"""Self-play in a two-player zero-sum game (自我博弈): Kuhn poker, both seats played by one policy.
+
+A language model plays Kuhn poker (``game.py``: OpenSpiel's rules, written as text) against
+itself: every hand, both seats are the current policy, and every move either seat made is trained
+on the chips its seat won. In a zero-sum game there is no fixed task to get right: the opponent
+improves as the policy does, so what the policy must learn keeps moving, and the end point of
+that chase is a Nash equilibrium, a policy no opponent can beat on average.
+
+Why a baseline per seat (role-conditioned advantage estimation, RAE; SPIRAL, Liu et al. 2025,
+arXiv 2506.24119): the two seats of one game see different returns. In Kuhn poker player 1 moves
+first, shows more, and loses 1/18 chip per hand at the equilibrium; with a weak policy in both
+seats the gap can be larger. A move's advantage should say "better than this seat usually does",
+so each (game, seat) keeps its own baseline, an exponential moving average of its returns:
+
+    b[game, seat] <- decay * b[game, seat] + (1 - decay) * mean R of the seat's moves this step
+    A(move)        = R(hand, seat of the move) - b[game, seat]
+
+Worked example (decay 0.9, baselines before the step: seat 1 (player 1) -0.10, seat 2 +0.10):
+
+    hand  move                         seat   R     baseline after the step          A = R - b
+    1     J: bet (a bluff)              1    -2    0.9*(-0.10) + 0.1*(-0.5) = -0.14   -1.86
+    1     K: bet (calls the bluff)      2    +2    0.9*(+0.10) + 0.1*(+0.5) = +0.14   +1.86
+    2     Q: pass (checked down)        1    +1    -0.14                              +1.14
+    2     J: pass (checked down)        2    -1    +0.14                              -1.14
+
+(the step's mean return: seat 1 (-2 + 1) / 2 = -0.5, seat 2 +0.5). Without RAE (``--rae false``)
+the advantage is the return itself, ``A = R``. A single baseline shared by both seats would be no
+better: in self-play both seats' moves are in the batch and their returns cancel (zero-sum), so a
+shared mean is about 0. What the runs measured with and without RAE is in notebooks/09_self_play.ipynb.
+
+The measures of strength are exact (``strength.py``): the policy's move probabilities at all 12
+information states, read from its logits, give its **exploitability** (OpenSpiel's; 0 at a Nash
+equilibrium) and its **head-to-head** value against any other table (the warm start, uniform
+random, another run's policy), every deal and both seats, no sampling noise.
+
+The world's files:
+
+    game.py      Kuhn poker as text: observations, replies, a hand (Match) on OpenSpiel's state
+    env.py       KuhnPokerEnv ("kuhn_poker"): a hand against a plug-in opponent; MoveEnv: one move
+    tasks.py     the held-out hands (dataset "kuhn_poker"): every deal in both seats vs a random opponent
+    strength.py  the exact move table of a model, exploitability, head to head
+    collect.py   play_hands, the role baselines and advantages, GameCollector (the loop's step)
+    presets.py   tiny-kuhn (self-play; --opponent warm: the control)
+    build.py     the warm start data/tiny-games (python -m helpers.worlds.games build)
+
+    python -m helpers.worlds.games build                              # the warm start (~2 min on 2 cores)
+    python -m helpers.train --preset tiny-kuhn --seed 0               # self-play
+    python -m helpers.train --preset tiny-kuhn --seed 0 --opponent warm --out-dir runs/tiny-kuhn-warm-seed{seed}   # the control
+    python -m helpers.worlds.games compare runs/tiny-kuhn-seed0 runs/tiny-kuhn-warm-seed0    # exact head to head
+    python -m helpers.evaluate --preset tiny-kuhn --adapter runs/tiny-kuhn-seed0/checkpoint-40 --opponent mymodule:my_player
+
+Simplifications, named:
+
+* One game (Kuhn poker); tic-tac-toe is not built (``game.py`` says why).
+* Each move is a single-turn episode of its own: its prompt is the seat's conversation so far
+  (``game.conversation``), its reward the chips the seat won in the hand. The hand is not one
+  multi-turn trajectory, since two seats' turns interleave in it.
+* The control's frozen opponent plays the warm start's exact move table (sampled), not the model:
+  the same distribution, with the illegal mass left out (the warm start's is 0.002).
+* The exact measures are of the policy before each step's update (the policy that played the
+  step's hands); summary.json adds the one after the last update.
+
+Taught in notebooks/09_self_play.ipynb.
+"""
+
+from helpers.worlds.games import collect, env, presets, tasks  # noqa: F401  (register "kuhn_poker", the preset, the collector)

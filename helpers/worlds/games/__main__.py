@@ -1,0 +1,3 @@
+from helpers.worlds.games.build import main
+
+main()

@@ -1,0 +1,121 @@
+"""The game world's warm start: a tiny model that imitates a weak, plausible Kuhn poker player.
+
+    python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~2 min on 2 cores)
+    python -m helpers.worlds.games baseline                        # its exact move table and strength
+    python -m helpers.worlds.games compare RUN_A RUN_B [RUN_C ...]  # exact head to head of runs' final policies
+
+The demonstrator plays by card strength and nothing else: it bets (or calls) with probability
+0.3 holding J, 0.5 holding Q, 0.7 holding K, whatever happened before (``DEMONSTRATOR``). That is
+plausible (better cards, more chips in) and weak: it folds a K to a bet 3 times in 10, calls with a
+J that can never win, and its bets say what it holds. Its exploitability is 0.222 chips per hand
+(uniform random: 0.458; a Nash equilibrium: 0), so there is room to improve, and it mixes at every
+state, so sampling tries every move. The SFT model imitates the mixture: hands of the demonstrator
+against itself, each seat's conversation one example (``game.conversation`` + its replies).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from helpers.paths import ROOT
+from helpers.worlds.games.game import DEALS, MOVES, Match, conversation, information_states, reply_for
+from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
+from helpers.worlds.tinymodel import load_tiny, new_model, save_tiny, start_build, train_tokenizer
+
+GAMES_DIR = ROOT / "data" / "tiny-games"
+BET_BY_CARD = {"0": 0.3, "1": 0.5, "2": 0.7}  # J, Q, K: the probability of bet (or call) at any state
+BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds.games build` runs exactly this
+    seed=0,
+    hands=4000,  # demonstration hands (two examples each: one per seat)
+    threads=1,  # torch threads: the tiny model's matrices gain nothing from a second one (and one thread gives the same bytes on every machine)
+    vocab_size=512,  # at most; the BPE stops far below (the world's text is a few dozen words)
+    steps=400,  # SFT optimizer steps
+    batch_size=32,
+    lr=3e-3,
+    decay_fraction=0.3,  # linear decay to 0 over the last 30% of steps
+)
+
+
+def demonstrator() -> dict[str, dict[str, float]]:
+    """The demonstrator's move table: bet with probability ``BET_BY_CARD`` of its card, at every state."""
+    return table_from_bets({key: BET_BY_CARD[key[0]] for key in information_states()})
+
+
+def demonstrations(hands: int, seed: int) -> list[list[dict]]:
+    """Hands of the demonstrator against itself; each seat's conversation (with its replies) is one example."""
+    rng, table = random.Random(seed), demonstrator()
+    examples = []
+    for _ in range(hands):
+        match = Match(DEALS[rng.randrange(len(DEALS))])
+        last = {}  # seat -> its last (state, move): the state's conversation holds the seat's earlier replies
+        while not match.done:
+            key = match.key(match.to_move)
+            move = MOVES[0] if rng.random() < table[key][MOVES[0]] else MOVES[1]
+            last[match.to_move] = (key, move)
+            match.play_move(move)
+        for key, move in last.values():
+            examples.append(conversation(key) + [{"role": "assistant", "content": reply_for(move)}])
+    return examples
+
+
+def build(out: str | Path = GAMES_DIR, progress: bool = True, **overrides) -> dict:
+    """Rebuild the warm start from the seed: tokenizer, SFT on the demonstrations, save to ``out``,
+    measure it (``baseline``), write ``out/baseline.json``; return the baseline."""
+    import torch
+
+    from helpers.sft import encode_conversations, train_sft
+
+    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
+    conversations = demonstrations(recipe["hands"], recipe["seed"])
+    tokenizer = train_tokenizer(conversations, None, vocab_size=recipe["vocab_size"])
+    model = new_model(tokenizer, recipe["seed"])
+    examples = encode_conversations(tokenizer, conversations)
+    losses = train_sft(model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+                       decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress)
+    save_tiny(model, tokenizer, out)
+    result = {**baseline(model, tokenizer), "recipe": recipe, "examples": len(examples),
+              "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
+              "sft_loss_every_50_steps": [round(sum(losses[i: i + 50]) / len(losses[i: i + 50]), 3) for i in range(0, len(losses), 50)],
+              "build_wall_s": round(time.perf_counter() - started, 1), "build_cpu_s": round(time.process_time() - cpu_started, 1)}
+    torch.set_num_threads(threads)
+    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def baseline(model, tokenizer) -> dict:
+    """The model's exact move table and strength, beside its demonstrator's."""
+    table, target = move_table(model, tokenizer), demonstrator()
+    return {"exploitability": round(exploitability(table), 4), "demonstrator_exploitability": round(exploitability(target), 4),
+            "vs_demonstrator": round(head_to_head(table, target), 4), "illegal": round(illegal_mass(table), 5),
+            "max_gap_to_demonstrator": round(max(abs(table[k]["bet"] - target[k]["bet"]) for k in table), 4),
+            "bet": {k: round(row["bet"], 3) for k, row in table.items()}}
+
+
+def compare(run_dirs: list[str]) -> dict:
+    """Exact head to head between runs' final policies (summary.json's ``tables.after``): chips per hand, row vs column."""
+    tables = {str(d): json.loads((Path(d) / "summary.json").read_text())["tables"]["after"] for d in run_dirs}
+    return {a: {b: round(head_to_head(ta, tb), 4) for b, tb in tables.items() if b != a} for a, ta in tables.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.worlds.games", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["build", "baseline", "compare"],
+                        help="build: rebuild data/tiny-games; baseline: measure it; compare: head to head of run folders")
+    parser.add_argument("runs", nargs="*", help="compare: run folders (each with a summary.json)")
+    parser.add_argument("--out", default=str(GAMES_DIR), help="folder to write (build) or read (baseline)")
+    parser.add_argument("--steps", type=int, default=BUILD["steps"], help="SFT steps (build)")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        result = build(args.out, steps=args.steps)
+    elif args.command == "baseline":
+        result = baseline(*load_tiny(args.out))
+    else:
+        if len(args.runs) < 2:
+            parser.error("compare needs at least two run folders")
+        result = compare(args.runs)
+    print(json.dumps(result, indent=2))
