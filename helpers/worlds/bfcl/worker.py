@@ -22,18 +22,22 @@ own beyond the glue:
                ground-truth call, ``sort('final_report.pdf')``, as JSON arguments)
 """
 
+import atexit
 import copy
 import functools
 import inspect
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
 
 # bfcl_eval makes result/, score/ and .file_locks/ under BFCL_PROJECT_ROOT when imported (default: inside
-# site-packages): a folder of this process's own, removed with the temp dir, unless the caller set one.
-os.environ.setdefault("BFCL_PROJECT_ROOT", tempfile.mkdtemp(prefix="bfcl-worker-"))
+# site-packages): a temporary folder of this process's own, removed when it exits, unless the caller set one.
+if "BFCL_PROJECT_ROOT" not in os.environ:
+    os.environ["BFCL_PROJECT_ROOT"] = tempfile.mkdtemp(prefix="bfcl-worker-")
+    atexit.register(shutil.rmtree, os.environ["BFCL_PROJECT_ROOT"], True)
 
 from bfcl_eval.constants.enums import Language, ReturnFormat  # noqa: E402
 from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING  # noqa: E402
