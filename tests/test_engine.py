@@ -128,3 +128,18 @@ def test_make_policy_engine_backend(shop):
     assert isinstance(make_policy(get_preset("tiny-agent", backend="engine"), model, tokenizer), EnginePolicy)
     with pytest.raises(ValueError, match="every prompt needs at least one token"):
         EnginePolicy(model, tokenizer).generate([[]], SamplingParams(4))
+
+
+def test_a_row_that_reaches_the_last_position_ends_there(shop):
+    """A batch whose longest prompt plus the batch's budget passes the model's positions (the rollout gives a batch
+    the largest row budget): that row ends at the last position with "length"; a prompt that fills them is refused."""
+    config, model, tokenizer, tasks = shop
+    positions = model.config.max_position_embeddings
+    short = tokenizer.apply_chat_template(tasks[0].prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    long = (short * (positions // len(short) + 1))[: positions - 5]
+    params = SamplingParams(40, temperature=1.0, seed=1)
+    long_gen, short_gen = EnginePolicy(model, tokenizer).generate([long, short], params)
+    assert len(long) + len(long_gen.token_ids) <= positions and long_gen.finish_reason == "length"
+    assert len(short_gen.token_ids) > 5  # the short row was not cut with it
+    with pytest.raises(ValueError, match="leaves no room"):
+        EnginePolicy(model, tokenizer).generate([short * (positions // len(short) + 1)], params)

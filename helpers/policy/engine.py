@@ -42,6 +42,8 @@ Simplifications, named:
   the next turn of the same episodes), in one buffer sized for that call: no paging, no eviction policy.
 * The merged weights are a second copy of the projections (free for the tiny model; for a 1.5B model
   on a GPU, vLLM is the engine to use).
+* A row that reaches the model's last position ends there, with finish reason "length"; from then on
+  the other rows' draws differ from ``HFPolicy``'s, which samples past the positions it was trained on.
 """
 
 from __future__ import annotations
@@ -267,10 +269,13 @@ class EnginePolicy:
         if not prompts:
             return []
         generator, stop_ids = start_sampling(prompts, params, self.device)
-        width = max(len(p) for p in prompts) + params.max_new_tokens
-        if width > self.w.cos.shape[0]:
-            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens + {params.max_new_tokens} new ones exceeds "
-                             f"the model's {self.w.cos.shape[0]} positions")
+        # The cache holds the longest prompt and its continuation, up to the model's positions; a row that
+        # reaches the last position ends there ("length"), as its own budget would have cut it (the rollout
+        # gives each row at most what is left of max_total_tokens, and the batch the largest of those).
+        positions, longest = self.w.cos.shape[0], max(len(p) for p in prompts)
+        if longest >= positions:
+            raise ValueError(f"a prompt of {longest} tokens leaves no room in the model's {positions} positions")
+        width = min(longest + params.max_new_tokens, positions)
         B = len(prompts)
         # Identical prompts (the G samples of a task share their first prompt, and often their first turns)
         # are computed once: their first copies take the front rows of the cache, the repeats the rest.
@@ -304,7 +309,7 @@ class EnginePolicy:
             by_prompt = order.argsort()
             token, logprob = sample_next(logits[by_prompt], params.temperature, params.top_p, generator)
             token, logprob = token[by_prompt.argsort()], logprob[by_prompt.argsort()]  # back to cache-row order
-            stopped = sampled.add(order, token, logprob, stop_ids)  # (L,)
+            stopped = sampled.add(order, token, logprob, stop_ids) | (lengths + 1 >= width)  # (L,): a stop token, or the cache is full
             if step == params.max_new_tokens - 1 or bool(stopped.all()):
                 break
             if bool(stopped.any()):  # finished rows move behind the live ones (their keys are kept for the next turn)
