@@ -270,7 +270,7 @@ def plot(rounds: list[dict], config: SimConfig, path: Path) -> None:
     axes[0].plot(x, [r["success_frozen"] for r in rounds], label="frozen copy (v0)", linestyle="--")
     axes[0].set_title("served success (greedy)")
     axes[1].step(x, [r["canary_deployed"] for r in rounds], where="post")
-    axes[1].set_title(f"canary success of the deployed version (gate margin {config.online.gate_margin})")
+    axes[1].set_title(f"deployed canary success (margin {config.online.gate_margin})")
     axes[2].step(x, [r["updates_deployed"] for r in rounds], where="post", label="deployed")
     axes[2].step(x, [r["updates_refused"] for r in rounds], where="post", label="refused by the gate")
     axes[2].set_title("updates")
