@@ -62,7 +62,7 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tqdm.auto import tqdm
@@ -212,19 +212,18 @@ def chat_rollout(
         raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
     sampling = sampling or SamplingParams()
     make = (lambda: make_env(env_factory, max_steps=max_steps)) if isinstance(env_factory, str) else env_factory
+    start, n = time.perf_counter(), len(tasks) * group_size
+    bar = tqdm(total=n, desc="episodes", disable=not progress, leave=False)
 
     def episode(i: int) -> Trajectory:
         env = make()
         if not isinstance(env, Episode):  # a bare environment: the adapter gives it step(text)
             env = Episode(env, max_steps=max_steps, step_timeout=step_timeout, episode_timeout=episode_timeout)
         seed = None if sampling.seed is None else sampling.seed + i
-        traj = play(tasks[i // group_size], i % group_size, env, endpoint, SamplingParams(**{**vars(sampling), "seed": seed}),
-                    max_steps, max_total_tokens)
+        traj = play(tasks[i // group_size], i % group_size, env, endpoint, replace(sampling, seed=seed), max_steps, max_total_tokens)
         bar.update(1)
         return traj
 
-    start, n = time.perf_counter(), len(tasks) * group_size
-    bar = tqdm(total=n, desc="episodes", disable=not progress, leave=False)
     with cf.ThreadPoolExecutor(max(1, min(workers, n))) as pool:
         trajectories = list(pool.map(episode, range(n)))
     bar.close()
