@@ -6,7 +6,7 @@
     shop/         the multi-step shop world: usual() -> lookup(item) -> calculator(...) (tiny-agent)
     selfplay/     one policy proposes tasks and solves them (tiny-selfplay, tiny-selfplay-fixed)
     games/        two-player zero-sum games: self-play in Kuhn poker with a baseline per seat (tiny-kuhn)
-    gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb, gsm8k-24gb-tools, gsm8k-t4, and CPU smoke presets)
+    gsm8k/        GSM8K on Qwen2.5 (gsm8k-24gb(-tools), gsm8k-t4(-tools), and CPU smoke presets)
     reasoning_gym/  reasoning-gym's generators, "reasoning_gym/<generator>", each scored by its own verifier (reasoning-gym-cpu)
     humaneval/    HumanEval's 164 problems, their own tests run in the workbook's sandbox (a benchmark: test split only)
     gaia/         GAIA's validation questions (gated: a Hugging Face token), scored by the leaderboard's question_scorer (a benchmark)
