@@ -43,7 +43,7 @@ The world's files:
     presets.py   tiny-kuhn (self-play; --opponent warm: the control)
     build.py     the warm start data/tiny-games (python -m helpers.worlds.games build)
 
-    python -m helpers.worlds.games build                              # the warm start (~2 min on 2 cores)
+    python -m helpers.worlds.games build                              # the warm start (~3 min of CPU, one thread)
     python -m helpers.train --preset tiny-kuhn --seed 0               # self-play
     python -m helpers.train --preset tiny-kuhn --seed 0 --opponent warm --out-dir runs/tiny-kuhn-warm-seed{seed}   # the control
     python -m helpers.worlds.games compare runs/tiny-kuhn-seed0 runs/tiny-kuhn-warm-seed0    # exact head to head

@@ -1,6 +1,6 @@
 """The game world's warm start: a tiny model that imitates a weak, plausible Kuhn poker player.
 
-    python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~2 min on 2 cores)
+    python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~3 min of CPU, one thread)
     python -m helpers.worlds.games baseline                        # its exact move table and strength
     python -m helpers.worlds.games compare RUN_A RUN_B [RUN_C ...]  # exact head to head of runs' final policies
 
