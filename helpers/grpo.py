@@ -281,6 +281,8 @@ def gigpo_advantages(trajectories, gamma: float = 0.95, step_advantage_w: float 
     trajectories: scored, G per task (as ``group_advantages``). Returns ``Advantages`` with the episode
     level in ``advantages`` (B, G) and ``turn_advantages[b][g]`` (K,), what the loss uses. A group is
     zero-spread when every turn advantage in it is 0 (all rewards 0, say): it teaches nothing.
+
+    Taught in notebooks/06b_turn_credit.ipynb §1-2.
     """
     if scale_rewards not in ("group", "none"):
         raise ValueError(f"gigpo normalises each step group by its std ('group') or not at all ('none'), got {scale_rewards!r}")
