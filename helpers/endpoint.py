@@ -61,7 +61,6 @@ import concurrent.futures as cf
 import json
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -69,10 +68,9 @@ from tqdm.auto import tqdm
 
 from helpers.data import Task
 from helpers.envs import Episode, make_env
-from helpers.evaluation import EvalResult, episode_stats, pass_at_k, task_record
+from helpers.evaluation import EvalResult, evaluate
 from helpers.formats import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call
 from helpers.policy.base import SamplingParams
-from helpers.rewards import outcome
 from helpers.rollout import Rollout, RolloutStats, Trajectory
 
 
@@ -232,36 +230,14 @@ def chat_rollout(
     return Rollout(trajectories, stats)
 
 
-def evaluate_endpoint(
-    endpoint: Endpoint,
-    tasks: list[Task],
-    env_factory: Callable[[], object] | str,
-    *,
-    k: int = 0,
-    temperature: float = 1.0,
-    max_new_tokens: int = 64,
-    max_steps: int = 4,
-    max_total_tokens: int = 256,
-    seed: int = 0,
-    greedy: bool = True,
-    progress: bool = False,
-) -> EvalResult:
-    """``helpers.evaluation.evaluate`` with the episodes played by ``endpoint``: the same arguments, the
-    same ``EvalResult`` (one record per task, ``episode_stats``, pass@k from k sampled episodes per task).
-    ``completions/mean_length`` is the endpoint's own token count."""
-    if not tasks:
-        raise ValueError("evaluate_endpoint needs at least one task")
-    limits = dict(max_steps=max_steps, max_total_tokens=max_total_tokens, progress=progress)
-    first = SamplingParams(max_new_tokens, temperature=0.0 if greedy else temperature, seed=seed + 1)  # seed: pass@k's
-    episodes = chat_rollout(tasks, env_factory, endpoint, group_size=1, sampling=first, **limits)
-    records = [{**task_record(t), "completion_tokens": t.info["completion_tokens"]} for t in episodes]
-    metrics = {**episode_stats(episodes), "completions/mean_length": episodes.stats.generated_tokens / len(episodes)}
-    if k > 0:
-        sampled = chat_rollout(tasks, env_factory, endpoint, group_size=k, sampling=SamplingParams(max_new_tokens, temperature=temperature, seed=seed),
-                               **limits)
-        correct = Counter(t.task_id for t in sampled if outcome(t).get("correct"))
-        metrics[f"pass@{k}"] = sum(pass_at_k(k, correct[t.id], k) for t in tasks) / len(tasks)
-        metrics["pass@1"] = sum(correct.values()) / len(sampled)
-        for record in records:
-            record[f"correct_of_{k}"] = correct[record["task_id"]]
-    return EvalResult(metrics, records, list(episodes))
+def evaluate_endpoint(endpoint: Endpoint, tasks: list[Task], env_factory: Callable[[], object] | str, **options) -> EvalResult:
+    """``helpers.evaluation.evaluate`` with the episodes played by ``endpoint`` (``chat_rollout``): the same
+    arguments, the same ``EvalResult`` (one record per task, ``episode_stats``, pass@k from k sampled episodes
+    per task). ``completions/mean_length`` and each record's ``completion_tokens`` are the endpoint's own
+    token counts (its episodes hold no token ids)."""
+    result = evaluate(endpoint, tasks, env_factory, play=chat_rollout, **options)
+    for record, episode in zip(result.records, result.trajectories):
+        record["completion_tokens"] = episode.info["completion_tokens"]
+    generated = sum(t.info["completion_tokens"] for t in result.trajectories)
+    result.metrics["completions/mean_length"] = generated / len(result.trajectories)
+    return result

@@ -203,6 +203,7 @@ def evaluate(
     seed: int = 0,
     greedy: bool = True,
     progress: bool = False,
+    play: Callable = rollout,
 ) -> EvalResult:
     """One episode per task (greedy; or sampled at ``temperature`` with ``greedy=False``): its
     ``episode_stats`` and one record per task. With ``k > 0`` also k sampled episodes per task:
@@ -211,7 +212,8 @@ def evaluate(
 
     ``env_factory`` and the limits are passed to ``helpers.rollout.rollout`` unchanged, so an
     evaluation episode is exactly a training episode. ``seed`` fixes the samples: two
-    evaluations of the same policy give the same numbers.
+    evaluations of the same policy give the same numbers. ``play`` is what plays the episodes,
+    with ``rollout``'s arguments: ``helpers.endpoint.chat_rollout`` for a served model.
 
     Taught in notebooks/06_training_loop.ipynb §1.
     """
@@ -219,12 +221,12 @@ def evaluate(
         raise ValueError("evaluate needs at least one task")
     limits = dict(max_steps=max_steps, max_total_tokens=max_total_tokens, progress=progress)
     first = SamplingParams(max_new_tokens, temperature=0.0 if greedy else temperature, seed=seed + 1)  # seed: pass@k's
-    episodes = rollout(tasks, env_factory, policy, group_size=1, sampling=first, **limits)
+    episodes = play(tasks, env_factory, policy, group_size=1, sampling=first, **limits)
     records = [task_record(t) for t in episodes]
     metrics = episode_stats(episodes)
     if k > 0:
         sampling = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
-        sampled = rollout(tasks, env_factory, policy, group_size=k, sampling=sampling, **limits)
+        sampled = play(tasks, env_factory, policy, group_size=k, sampling=sampling, **limits)
         correct = Counter(t.task_id for t in sampled if outcome(t).get("correct"))
         metrics[f"pass@{k}"] = sum(pass_at_k(k, correct[t.id], k) for t in tasks) / len(tasks)
         metrics["pass@1"] = sum(correct.values()) / len(sampled)
