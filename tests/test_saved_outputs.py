@@ -84,7 +84,7 @@ def test_no_noise_in_saved_outputs(path):
 
 
 CHINESE_NAMES = {"00": "总览", "01": "数据模块", "02": "环境模块", "03": "采样模块", "04": "奖励模块", "05": "训练模块",
-                 "06": "完整训练循环", "07": "GSM8K 实战", "08": "常见陷阱", "09": "自我博弈", "10": "环境市场"}  # notebook 00's map
+                 "06": "完整训练循环", "07": "GSM8K 实战", "08": "常见陷阱", "09": "自我博弈", "10": "环境市场", "11": "持续学习"}  # notebook 00's map
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name)
