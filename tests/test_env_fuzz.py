@@ -27,8 +27,9 @@ TASK = Task("fuzz", [{"role": "user", "content": "What do 6 of my usual items co
             {"expression": "6*7", "item": "apple", "prices": {"apple": 7, "pear": 3}})
 SANDBOXED = {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3, cpu_seconds=2)}
 KWARGS = {"code": SANDBOXED, "humaneval": {**SANDBOXED, "timeout": 1.0}}
-# The benchmark worlds' envs play a task of their own dataset (the 'benchmarks' extra: skipped without it, failed in CI).
-BENCHMARK_DATASETS = {"humaneval": "humaneval", "reasoning_gym": "reasoning_gym/products:max_digits=2"}
+# The benchmark and game worlds' envs play a task of their own dataset (an extra: skipped without it, failed in CI).
+BENCHMARK_DATASETS = {"humaneval": "humaneval", "reasoning_gym": "reasoning_gym/products:max_digits=2", "kuhn_poker": "kuhn_poker",
+                      "bfcl": "bfcl/simple_python", "bfcl_multiturn": "bfcl/multi_turn_base:GorillaFileSystem"}
 
 
 def task_for(name: str) -> Task:
