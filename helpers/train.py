@@ -77,7 +77,8 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     config_class = type(PRESETS[preset]()) if preset in PRESETS else TrainConfig
     hints = typing.get_type_hints(config_class)
     for f in fields(config_class):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", f"--{f.name}", dest=f.name, type=_parser_for(hints[f.name]),
+        names = dict.fromkeys([f"--{f.name.replace('_', '-')}", f"--{f.name}"])  # --max-new-tokens and --max_new_tokens; --lr once
+        parser.add_argument(*names, dest=f.name, type=_parser_for(hints[f.name]),
                             default=argparse.SUPPRESS, metavar=getattr(hints[f.name], "__name__", "VALUE").upper(),
                             help=f"({hints[f.name]})" if not isinstance(hints[f.name], type) else None)
     return parser

@@ -236,3 +236,11 @@ def test_the_readme_example_class_passes_the_contract_check_with_the_shops_tools
     assert check_env_class(namespace["MyShop"]) == []
     shape = lambda schemas: [(s["function"]["name"], sorted(s["function"]["parameters"]["properties"])) for s in schemas]  # noqa: E731
     assert shape(tool_schemas(namespace["MyShop"]())) == shape(tool_schemas(ShopEnv()))
+
+
+def test_help_names_each_flag_once():
+    """`--help` lists a one-word field once (`--lr FLOAT`), a field of several words in both spellings."""
+    help_text = helpers.train.build_parser("tiny-agent").format_help()
+    assert "--lr FLOAT" in help_text and "--lr FLOAT, --lr" not in help_text
+    assert "--max-new-tokens INT, --max_new_tokens INT" in help_text
+    assert helpers.train.build_parser("tiny-agent").parse_args(["--max_new_tokens", "7"]).max_new_tokens == 7
