@@ -143,9 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "train":
         parser.add_argument("--batch-tasks", type=int, default=8, help="verifiable requests per update (B)")
         parser.add_argument("--group-size", type=int, default=8, help="episodes sampled per request (G)")
-        parser.add_argument("--gate-margin", type=float, default=0.05)
+        parser.add_argument("--gate-margin", type=float, default=0.05,
+                            help="refuse an update whose canary success is this far below the deployed or the starting version's")
         parser.add_argument("--audit-rate", type=float, default=0.2)
-        parser.add_argument("--canary-tasks", type=int, default=36)
+        parser.add_argument("--canary-tasks", type=int, default=144, help="held-out tasks with known answers (12 of each item)")
         parser.add_argument("--replay", type=int, default=4, help="old requests replayed in each update")
         parser.add_argument("--lr", type=float, default=1e-3)
         parser.add_argument("--max-updates", type=int, default=None, help="stop after this many updates (default: never)")

@@ -7,7 +7,7 @@ import torch
 import helpers.worlds  # noqa: F401
 from helpers.config import get_preset
 from helpers.serve import open_store, register_start
-from helpers.service.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, reference
+from helpers.service.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, gate, reference
 from helpers.service.world import ServedShop, random_question
 
 
@@ -43,12 +43,50 @@ def test_reputation_ignores_a_liar_after_two_audits_and_keeps_an_honest_user():
     assert 0.17 < share < 0.23
 
 
-@pytest.fixture
-def trainer(tmp_path):
+def test_the_gate_compares_with_the_deployed_and_the_starting_version_not_the_best_so_far():
+    margin = 0.05
+    # a lucky 0.97 does not lock out what follows: each candidate is held to its parent, not to the best seen
+    assert gate(0.93, deployed=0.97, start=0.90, margin=margin) is None
+    assert gate(0.90, deployed=0.93, start=0.90, margin=margin) is None  # the best-so-far rule refused this (0.97 - 0.05)
+    assert gate(0.5, deployed=0.55, start=0.55, margin=margin) is None  # a drop of exactly the margin is allowed
+    assert "deployed version's 0.970" in gate(0.91, deployed=0.97, start=0.90, margin=margin)  # one update, too far
+    # a slow slide: each step within the margin of its parent, the sum not within it of the start
+    assert "starting version's 0.900" in gate(0.84, deployed=0.86, start=0.90, margin=margin)
+
+
+def make_trainer(tmp_path, start_canary=None, canary_tasks=12):
     store = open_store(str(tmp_path / "store.db"))
     register_start(store, None)  # the preset's model alone is version 0
-    online = OnlineConfig(batch_tasks=2, group_size=4, canary_tasks=12, lr=0.0)  # the first update changes nothing: it must pass
+    if start_canary is not None:
+        store.set_canary(0, start_canary)  # as if measured before: the trainer reads it, it does not measure again
+    online = OnlineConfig(batch_tasks=2, group_size=4, canary_tasks=canary_tasks, lr=0.0)  # lr 0: an update changes nothing
     return OnlineTrainer(get_preset("tiny-agent"), store, online)
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    return make_trainer(tmp_path)
+
+
+def test_the_trainer_gates_each_update_against_its_parent_and_the_start_and_records_both(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, start_canary=0.90)
+    store = trainer.store
+    assert (trainer.start, trainer.start_canary, trainer.deployed_canary) == (0, 0.90, 0.90)
+    scores = [0.97, 0.91, 0.93, 0.90, 0.86, 0.84]  # the candidates' canary successes, in turn
+    monkeypatch.setattr(trainer, "canary", lambda policy: scores.pop(0))
+    assert [trainer.update(batch(seed=k)) for k in range(6)] == [1, 2, 3, 4, 5, 6]
+    rows = store.adapters()
+    assert [r["status"] for r in rows[1:]] == ["deployed", "refused", "deployed", "deployed", "deployed", "refused"]
+    assert "deployed version's 0.970" in rows[2]["note"] and "starting version's 0.900" in rows[6]["note"]
+    assert [(r["parent"], r["parent_canary"]) for r in rows[1:]] == [(0, 0.90), (1, 0.97), (1, 0.97), (3, 0.93), (4, 0.90),
+                                                                     (5, 0.86)]  # the reference each was held to
+    assert store.deployed()[0] == 5 and trainer.deployed_canary == 0.86
+
+
+def test_the_trainer_refuses_a_store_measured_on_another_canary(tmp_path):
+    make_trainer(tmp_path, start_canary=0.90)
+    with pytest.raises(SystemExit, match="--canary-tasks 12"):
+        make_trainer(tmp_path, canary_tasks=24)
 
 
 def batch(n=2, seed=0):
@@ -62,7 +100,7 @@ def test_the_gate_deploys_a_harmless_update_refuses_a_harmful_one_and_rollback_i
     store = trainer.store
     first = trainer.update(batch())
     assert store.deployed()[0] == first and store.adapters()[first]["status"] == "deployed"
-    bar = trainer.best
+    bar = trainer.deployed_canary
     def poisoned_update(collated):  # a harmful update: the adapter scrambled
         with torch.no_grad():
             for name, parameter in trainer.trainer.model.named_parameters():

@@ -24,8 +24,10 @@ What is measured per round: served success of both agents (the world's answer), 
 and its canary success, updates deployed and refused, the latency of the learning agent's requests.
 ``summary.json`` says whether the run meets the issue's bars: after the drift the learning agent comes
 back to within 0.05 of its success before it (the last ``window`` rounds against the ``window`` before
-the drift) while the frozen one stays down, and the deployed canary success never fell by more than the
-gate's margin below the best before it.
+the drift) while the frozen one stays down, and the canary success never dropped by more than the gate's
+margin: every deployed update's canary success, as the store recorded it, is at most ``gate_margin``
+below its parent version's and below the starting version's (version 0, the starting agent; the gate's
+two references, ``helpers.service.trainer``).
 """
 
 from __future__ import annotations
@@ -220,8 +222,12 @@ def run_simulation(config: SimConfig) -> dict:
     summary = summarise(config, rounds, adapters, drift_to, item_success, time.perf_counter() - t_start)
     (out / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    plot(rounds, config, out / "curves.png")
+    plot(rounds, config, out / "curves.png", summary["start_canary"])
     print(json.dumps({k: v for k, v in summary.items() if k not in ("config", "adapters")}, indent=1), flush=True)
+    print(f"canary check: {summary['updates_deployed']} deployed updates, each at most {config.online.gate_margin} below its "
+          f"parent's canary (largest drop {summary['largest_canary_drop_vs_parent']:.3f}) and below the starting version's "
+          f"{summary['start_canary']} (lowest deployed {summary['deployed_canary_min']}, largest drop "
+          f"{summary['largest_canary_drop_vs_start']:.3f}): {summary['canary_within_margin']}", flush=True)
     return summary
 
 
@@ -239,16 +245,20 @@ def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift
         "learning_right_after_drift": mean("success_learning", after_drift), "frozen_right_after_drift": mean("success_frozen", after_drift),
         "learning_end": mean("success_learning", end), "frozen_end": mean("success_frozen", end),
     }
-    canaries = [a["canary"] for a in adapters if a["status"] == "deployed" and a["canary"] is not None]
-    gate_bars = [a["parent_canary"] - a["canary"] for a in adapters if a["status"] == "deployed" and a["parent_canary"] is not None]
+    canary = {a["version"]: a["canary"] for a in adapters}
+    start = [a["version"] for a in adapters if a["parent"] is None][-1]  # version 0: the starting agent
+    updates = [a for a in adapters if a["status"] == "deployed" and a["parent"] is not None]
+    drop_vs_parent = max((canary[a["parent"]] - a["canary"] for a in updates), default=0.0)
+    drop_vs_start = max((canary[start] - a["canary"] for a in updates), default=0.0)
     s.update({
         "recovered": s["learning_end"] >= s["learning_before"] - 0.05,
         "frozen_stays_down": s["frozen_end"] < s["frozen_before"] - 0.05,
-        "updates_deployed": sum(a["status"] == "deployed" and a["parent"] is not None for a in adapters),
-        "updates_refused": sum(a["status"] == "refused" for a in adapters),
-        "deployed_canary_min": min(canaries) if canaries else None, "deployed_canary_max": max(canaries) if canaries else None,
-        "largest_canary_drop_deployed": max(gate_bars, default=0.0),
-        "canary_within_margin": max(gate_bars, default=0.0) <= config.online.gate_margin + 1e-9,
+        "updates_deployed": len(updates), "updates_refused": sum(a["status"] == "refused" for a in adapters),
+        "start_canary": canary[start],
+        "deployed_canary_min": min((a["canary"] for a in updates), default=None),
+        "deployed_canary_max": max((a["canary"] for a in updates), default=None),
+        "largest_canary_drop_vs_parent": drop_vs_parent, "largest_canary_drop_vs_start": drop_vs_start,
+        "canary_within_margin": max(drop_vs_parent, drop_vs_start) <= config.online.gate_margin + 1e-9,
         "drift_items": drift_to, "item_success_at_start": item_success,
         "latency_p50_s": statistics.median(r["latency_p50_s"] for r in rounds),
         "latency_p95_s": max(r["latency_p95_s"] for r in rounds),
@@ -257,8 +267,9 @@ def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift
     return s
 
 
-def plot(rounds: list[dict], config: SimConfig, path: Path) -> None:
-    """Four panels over the rounds: served success (learning vs frozen), deployed canary, updates, latency."""
+def plot(rounds: list[dict], config: SimConfig, path: Path, start_canary: float | None) -> None:
+    """Four panels over the rounds: served success (learning vs frozen), deployed canary (and the gate's floor:
+    the starting version's canary minus the margin), updates, latency."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,6 +281,9 @@ def plot(rounds: list[dict], config: SimConfig, path: Path) -> None:
     axes[0].plot(x, [r["success_frozen"] for r in rounds], label="frozen copy (v0)", linestyle="--")
     axes[0].set_title("served success (greedy)")
     axes[1].step(x, [r["canary_deployed"] for r in rounds], where="post")
+    if start_canary is not None:
+        axes[1].axhline(start_canary - config.online.gate_margin, color="red", linestyle="--", linewidth=1,
+                        label="starting version - margin")
     axes[1].set_title(f"deployed canary success (margin {config.online.gate_margin})")
     axes[2].step(x, [r["updates_deployed"] for r in rounds], where="post", label="deployed")
     axes[2].step(x, [r["updates_refused"] for r in rounds], where="post", label="refused by the gate")

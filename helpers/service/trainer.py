@@ -36,20 +36,37 @@ guards stand in front of that:
   ``min_reputation`` is ignored: their feedback waiting to be trained on is dropped, and so is what
   they send later.
 * The canary gate. Every update is a candidate version, saved (``adapters/u<time>/``, atomically, with
-  checksums) and registered in the store, then evaluated greedily on the canary set: ``canary_tasks``
-  held-out shop tasks with known answers, every item equally often. It is deployed only if its canary
-  success is at least the best deployed version's minus ``gate_margin``; else it is refused, and the
-  trainer goes back to the deployed weights (and a fresh optimizer). Comparing with the best deployed
-  version, not the last, keeps a run of small losses from adding up past the margin. Catastrophic
-  forgetting shows here: the canary covers all items while the traffic may be a few.
+  checksums) and registered in the store, then evaluated greedily (as it will serve) on the canary set:
+  ``canary_tasks`` held-out shop tasks with known answers, every item equally often. It is deployed
+  only if its canary success is within ``gate_margin`` of two references, both stored in the store:
+
+      canary(candidate) >= canary(deployed version) - gate_margin   # no single update loses more
+      canary(candidate) >= canary(starting version) - gate_margin   # nor a run of small losses, added up
+
+  else it is refused, and the trainer goes back to the deployed weights (and a fresh optimizer). The
+  starting version is the one the server was started with (the last version registered without a
+  parent; version 0 in a simulation): its canary success is measured once and written to the store.
+  So the record checks the promise: every deployed version's canary success is at most ``gate_margin``
+  below its parent's and below the starting version's. Catastrophic forgetting shows here: the canary
+  covers all items while the traffic may be a few.
+
+  Why not the best canary success so far (the first design)? A score is a noisy measure, and the best
+  of many noisy measures is a lucky one. On 36 canary tasks one version scored 35/36 = 0.972 where its
+  parent and children scored 33/36: the bar rose to 0.972 - 0.05 and refused the next 21 updates while
+  the served success stayed down (LOG.md). The deployed version as the reference would not have
+  saved that run alone: 33/36 is 0.056 below 35/36, more than the margin. The cause is the canary's
+  size: on 36 tasks a score moves in steps of 0.028 and the margin was 1.8 tasks; on 144 tasks the
+  same versions all score 0.917-0.924, a step is 0.007 and the margin 7 tasks. A greedy canary
+  evaluation of 144 tasks costs about 2.5 s on a CPU (36: 0.8 s).
 
 Every version stays in the store; ``python -m helpers.serve rollback --version N`` (or the admin
 endpoint) deploys any of them, and the trainer follows: when the deployed pointer moves under it, it
 goes back to that version's weights.
 
-Simplifications, named: one update at a time; requests are trained on once, in arrival order (no
-replay buffer); the canary set is fixed and small (its success moves in steps of 1/canary_tasks); the
-audit reads the world's answer, which a real deployment buys with a reviewer's time.
+Simplifications, named: one update at a time; requests are trained on in arrival order, once as new
+and later only as replay; the canary set is fixed and scored greedily, so a version's score is one
+number, measured once and stored (the trainer refuses to start on a store whose scores were measured
+with another ``canary_tasks``); the audit reads the world's answer, which a real deployment buys with a reviewer's time.
 """
 
 from __future__ import annotations
@@ -71,20 +88,33 @@ from helpers.worlds.shop.tasks import SYSTEM, make_agent_tasks
 CANARY_SEED = 7777  # the canary set: the shop's test split drawn with this seed (items in turn)
 CURSOR_KEY = "trainer.cursor"  # the last feedback id the trainer has consumed (trained on or dropped)
 SEEN_KEY = "trainer.seen"  # the last feedback id the trainer has read, written when it waits for more
+CANARY_KEY = "trainer.canary_tasks"  # the canary set the store's canary scores were measured on
 
 
 @dataclass
 class OnlineConfig:
     batch_tasks: int = 8  # B: verifiable requests per update
     group_size: int = 8  # G: episodes sampled per request
-    canary_tasks: int = 36  # held-out tasks with known answers (3 of each item)
-    gate_margin: float = 0.05  # a candidate below the best deployed canary success minus this is refused
+    canary_tasks: int = 144  # held-out tasks with known answers (12 of each item); 36 was too coarse (module docstring)
+    gate_margin: float = 0.05  # a candidate this far below the deployed or the starting version's canary is refused
     audit_rate: float = 0.2  # share of feedback checked against the world's answer
     min_audits: int = 2  # a user is judged after this many audits
     min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
     replay: int = 4  # requests trained on before, replayed in each update beside the B new ones (against forgetting)
     lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: at 5e-3, updates on a few items' requests forgot the others (LOG.md)
     poll_s: float = 0.5  # seconds between looks at the store
+
+
+def gate(canary: float, deployed: float, start: float, margin: float) -> str | None:
+    """Why a candidate whose canary success is ``canary`` is refused (module docstring), or None: it is deployed.
+
+    gate(0.93, deployed=0.97, start=0.92, margin=0.05) -> None (0.04 below the deployed version: within the margin)
+    gate(0.86, deployed=0.89, start=0.92, margin=0.05) -> "0.060 below the starting version's 0.920"
+    """
+    for name, reference in (("deployed", deployed), ("starting", start)):
+        if canary < reference - margin - 1e-9:  # a drop of exactly the margin is allowed
+            return f"{reference - canary:.3f} below the {name} version's {reference:.3f}"
+    return None
 
 
 def same_number(a: str | None, b: str | None) -> bool:
@@ -163,13 +193,21 @@ class OnlineTrainer:
         self.trainer = LoRAGRPO(model, self.config, total_steps=1_000_000)  # online: the lr stays (almost) constant
         self.policy = make_policy(self.config, self.trainer.model, tokenizer)
         self.canary_set = make_agent_tasks(online.canary_tasks, seed=CANARY_SEED, split="test")
-        self.best = self.canary(self.policy)  # the best deployed canary success so far: the gate's bar
+        measured_on = store.get_setting(CANARY_KEY, online.canary_tasks)
+        if measured_on != online.canary_tasks:
+            raise SystemExit(f"{store.path}: its canary scores were measured on {measured_on} canary tasks, not "
+                             f"{online.canary_tasks}: pass --canary-tasks {measured_on}, or start a new store")
+        store.set_setting(CANARY_KEY, online.canary_tasks)
+        self.start = [a["version"] for a in store.adapters() if a["parent"] is None][-1]  # the server's starting version
+        self.start_canary = self.canary_of(self.start)  # the gate's two references (module docstring)
+        self.deployed_canary = self.canary_of(self.deployed)
         self.reputation = Reputation(online)
         self.trained: list[dict] = []  # requests trained on so far: the replay pool
         self.rng = random.Random(0)
         self.adapter_root = store.path.parent / "adapters"
         self.updates = 0
-        print(f"trainer: deployed v{self.deployed}, canary {self.best:.3f}", flush=True)
+        print(f"trainer: deployed v{self.deployed}, canary {self.deployed_canary:.3f}; starting version "
+              f"v{self.start}, canary {self.start_canary:.3f}", flush=True)
 
     def canary(self, policy) -> float:
         from helpers.evaluation import evaluate
@@ -178,6 +216,18 @@ class OnlineTrainer:
         result = evaluate(policy, self.canary_set, ShopEnv, max_new_tokens=c.max_new_tokens, max_steps=c.env_max_steps,
                           max_total_tokens=c.max_total_tokens)
         return result.metrics["success"]
+
+    def canary_of(self, version: int) -> float:
+        """``version``'s canary success: from the store, or measured (on its weights, then back) and stored."""
+        stored = next(a["canary"] for a in self.store.adapters() if a["version"] == version)
+        if stored is not None:
+            return stored
+        deployed = self.deployed
+        self.reset_to(version)
+        score = self.canary(self.policy)
+        self.store.set_canary(version, score)
+        self.reset_to(deployed)
+        return score
 
     def run(self, max_updates: int | None = None) -> None:
         cursor = self.store.get_setting(CURSOR_KEY, 0)
@@ -224,18 +274,21 @@ class OnlineTrainer:
         stats = self.trainer.update(collate(trajs, advantages, True, c.mask_truncated_completions))
         self.policy.sync(self.trainer.model)
         canary = self.canary(self.policy)
-        passed = canary >= self.best - o.gate_margin
+        refusal = gate(canary, self.deployed_canary, self.start_canary, o.gate_margin)
         folder = self.save()
         note = (f"{len(batch)} requests x {o.group_size}: reward {sum(rewards) / len(rewards):.3f}, "
-                f"loss {stats.get('loss', float('nan')):.4f}; canary {canary:.3f} vs best {self.best:.3f} - {o.gate_margin}")
-        version = self.store.add_adapter(str(folder), self.deployed, canary, self.best, "deployed" if passed else "refused", note)
-        if passed:
+                f"loss {stats.get('loss', float('nan')):.4f}; canary {canary:.3f} vs deployed v{self.deployed} "
+                f"{self.deployed_canary:.3f} and starting v{self.start} {self.start_canary:.3f}, margin {o.gate_margin}"
+                + (f": {refusal}" if refusal else ""))
+        version = self.store.add_adapter(str(folder), self.deployed, canary, self.deployed_canary,
+                                         "refused" if refusal else "deployed", note)
+        if refusal is None:
             self.store.deploy(version, "passed the canary gate")
-            self.deployed, self.best = version, max(self.best, canary)
+            self.deployed, self.deployed_canary = version, canary
         else:
             self.reset_to(self.deployed)
         self.updates += 1
-        print(f"trainer: v{version} {'deployed' if passed else 'REFUSED'} | {note} | {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"trainer: v{version} {'REFUSED' if refusal else 'deployed'} | {note} | {time.perf_counter() - t0:.1f} s", flush=True)
         return version
 
     def save(self) -> Path:
@@ -262,9 +315,9 @@ class OnlineTrainer:
         self.deployed = version
 
     def follow_rollback(self) -> None:
-        """An operator deployed another version: continue from its weights, and measure the bar again."""
+        """An operator deployed another version: continue from its weights; its canary is the gate's reference now."""
         version, _ = self.store.deployed()
         if version != self.deployed:
             self.reset_to(version)
-            self.best = self.canary(self.policy)
-            print(f"trainer: following the deployment of v{version}, canary {self.best:.3f}", flush=True)
+            self.deployed_canary = self.canary_of(version)
+            print(f"trainer: following the deployment of v{version}, canary {self.deployed_canary:.3f}", flush=True)
