@@ -22,9 +22,11 @@ losses are then averaged in one of three ways, named as in TRL so that numbers c
 The code follows TRL 1.16's ``GRPOTrainer`` (``_compute_loss`` and the advantage part
 of ``_generate_and_score_completions``); ``helpers.trl_compat.compare_with_trl`` feeds the
 same batch to both (single-turn, and multi-turn with the tool's tokens masked out) and
-``tests/test_grpo_trl.py`` checks that the losses and gradients agree. The sections below
-are the arrows of one step: rewards -> advantages (1) -> log-probs (2) -> loss (3), with
-the batch of padded tensors (4) and the trainer that owns the optimizer (5) around them.
+``tests/test_grpo_trl.py`` checks that the losses and gradients agree (``tests/test_is_correction.py``
+the same with vLLM's importance-sampling correction on). The sections below are the arrows of
+one step: rewards -> advantages (1) -> log-probs (2) -> loss (3), the correction when another
+engine sampled (3b), with the batch of padded tensors (4) and the trainer that owns the
+optimizer (5) around them.
 
 One outcome reward per episode, one advantage per episode: under GRPO every policy token
 of a multi-turn episode (its tool calls and its final answer alike) shares the episode's
@@ -34,10 +36,11 @@ start from the same state, each judged against the others. Value functions per t
 (ArCHer) and process rewards are not implemented.
 
 Simplifications (named, so nothing is hidden):
-- The "old" policy of the ratio is the *sampling* policy: ``Trajectory.logprobs``,
-  recorded by the rollout backend. With the transformers backend on CPU they equal a
-  fresh forward pass up to float noise; with vLLM the small engine mismatch is absorbed
-  by the ratio and its clip (TRL adds a separate importance-sampling correction; we don't).
+- The "old" policy of the ratio is the *sampling* policy, ``Trajectory.logprobs`` as the
+  rollout backend recorded them, when that backend is the trained model itself (transformers,
+  or the workbook's engine: a fresh forward pass gives the same numbers up to float noise, ~4e-6
+  on CPU). When vLLM samples, the trainer recomputes pi_old and weights each token by TRL's
+  truncated importance-sampling correction (section 3b), as TRL does by default.
 - Only token-level importance sampling (TRL's default), no sequence-level (GSPO) ratios,
   no entropy masks or bonuses, no two-sided ``delta`` clip.
 - The reference policy is the base model: the same peft model with the adapter switched
@@ -67,6 +70,7 @@ from helpers.envs.base import TRUNCATED
 from helpers.rollout import Trajectory
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode
 SCALE_REWARDS = ("group", "batch", "none")
 ADVANTAGES = ("grpo", "gigpo")  # TrainConfig.advantage: verl's and ROLL's adv_estimator; TRL has only GRPO's
 TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG, step, extra state (next to the adapter files)
@@ -418,6 +422,7 @@ def grpo_loss(
     num_items: float | None = None,
     grad_accum: int = 1,
     kl_ratio_correction: bool = True,
+    importance_sampling_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO loss of one micro-batch, normalised as TRL normalises it.
 
@@ -428,9 +433,13 @@ def grpo_loss(
         all micro-batches (default: this micro-batch's), so that the accumulated gradient
         is a true per-token mean.
     grad_accum: number of micro-batches; grpo and dr_grpo divide by it, as TRL does.
-    kl_ratio_correction: multiply the KL term by the ratio (TRL's ``use_bias_correction_kl``,
-        default True since the DeepSeek-V3.2 paper): the tokens were sampled from the old
-        policy, and the ratio makes the KL gradient the unbiased reverse-KL gradient.
+    kl_ratio_correction: multiply the KL term by the ratio (TRL's ``use_bias_correction_kl``, from
+        the DeepSeek-V3.2 paper; True by default in TRL 1.16's GRPOConfig, as here): the tokens
+        were sampled from the old policy, and the ratio makes the KL gradient the unbiased
+        reverse-KL gradient.
+    importance_sampling_ratio: (N, T) or (N, 1), the weights of section 3b
+        (``importance_sampling_ratio``) when another engine sampled: they multiply each token's
+        policy loss, not its KL term, as in TRL. None: no correction.
 
     Taught in notebooks/05_trainer.ipynb §2-3.
     """
@@ -444,6 +453,8 @@ def grpo_loss(
     ratio = torch.exp(logps - old_logps)  # (N, T)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)  # (N, T)
     per_token = -torch.min(ratio * adv, clipped * adv)  # (N, T): pessimistic (min) of the two surrogates
+    if importance_sampling_ratio is not None:
+        per_token = per_token * importance_sampling_ratio  # (N, T): section 3b, the sampler's mismatch
     if beta != 0.0:
         delta = ref_logps - logps  # (N, T)
         kl = torch.exp(delta) - delta - 1  # (N, T) k3 estimator, >= 0
@@ -482,6 +493,90 @@ def grpo_loss(
         if beta != 0.0:
             metrics["kl"] = mean(kl)
     return loss, metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# 3b. When another engine sampled: the importance-sampling correction (TRL's, for vLLM)
+# ----------------------------------------------------------------------------------------------
+#
+# The ratio of section 3 divides by pi_old, "the policy that sampled". With the transformers backend
+# (and the workbook's engine) the sampler *is* the trained model, run by the same arithmetic: the
+# log-probs it records equal a fresh forward pass of the trainer to ~4e-6 on CPU. vLLM is another
+# engine: other kernels, usually bf16 where the trainer computes in fp32 (or its own bf16 kernels),
+# a batch-dependent order of additions. Its log-probs differ from the trainer's for the same weights
+# and the same tokens, so the tokens are a little off-policy before any update has happened (measured
+# on the tiny model in notebooks/05_trainer.ipynb §5b, ``helpers.mismatch``). TRL corrects it by default
+# (truncated importance sampling, Yao et al. 2025; masked and sequence-level variants, Liu et al. 2025):
+#
+#   1. pi_old of the clipped ratio is recomputed by the trainer, before the update, without gradient:
+#          old_t = log pi_old(o_t | ...)          (the trainer's numbers, not the sampler's)
+#   2. each token's policy loss is weighted by how much likelier the trainer finds what the sampler drew:
+#          token modes      w_t = exp(old_t - sampling_t)                        (N, T)
+#          sequence modes   w_i = exp(sum_t (old_t - sampling_t)) = prod_t w_t   (N, 1), one per episode
+#      bounded in one of two ways (C_min may be None: no lower bound; C_max = 3 by default):
+#          *_truncate       w <- clamp(w, C_min, C_max)                          (TIS: keep the token, cap its weight)
+#          *_mask           w <- 0 where w < C_min or w > C_max                  (MIS: drop it)
+#   3.     L_t = w * ( -min(ratio_t A, clip(ratio_t) A) ) + beta KL_t            (the KL is not weighted)
+#
+# Only generated tokens count (mask 1): tool tokens and the prompt add nothing to a sequence's sum.
+#
+# Worked example (tests/test_is_correction.py checks it): a 4-token answer, C_max = 3, C_min = None.
+#
+#     token                    1      2      3      4
+#     p under the sampler     0.90   0.10   0.50   0.005
+#     p under the trainer     0.909  0.135  0.50   0.020
+#     w_t                     1.01   1.35   1.00   4.00
+#     token_truncate          1.01   1.35   1.00   3.00     token 4 counts 3x, not 4x
+#     token_mask              1.01   1.35   1.00   0        token 4 drops out
+#     sequence: w = 1.01 * 1.35 * 1.00 * 4.00 = 5.45 > 3
+#     sequence_truncate       3.00 on every token of the answer
+#     sequence_mask           0 on every token: the episode drops out of the loss (TRL's default mode)
+#
+# Token 4 was rare under the sampler (0.5 %) but four times likelier under the trainer: the sampler
+# drew such tokens too seldom, and the weight makes up for it. A large weight from a rare token is
+# also mostly variance, hence the cap. The sequence modes weigh the episode as a whole (the outcome
+# reward judges the whole episode), and one strongly mismatched token decides for all of it.
+
+
+def importance_sampling_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                              mode: str = "sequence_mask", clip_min: float | None = None,
+                              clip_max: float | None = 3.0) -> torch.Tensor:
+    """TRL's vLLM importance-sampling weights: (N, T) in the token modes, (N, 1) in the sequence modes.
+
+    old_logps: (N, T) the trainer's log-probs of the sampled tokens, before the update (no grad).
+    sampling_logps: (N, T) the sampler's (``Trajectory.logprobs``); NaN where it gave none (weight 1).
+    mask: (N, T) 1 on generated tokens. mode, clip_min, clip_max: TRL's ``vllm_importance_sampling_*``.
+    Off the mask the token weights are 1 (they multiply a loss that is masked anyway).
+    """
+    if mode not in IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {mode!r}")
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)  # (N, T) log w_t, 0 off the mask
+    log_w = diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff  # (N, 1) or (N, T)
+    w = torch.exp(log_w)
+    if mode.endswith("truncate"):
+        return torch.clamp(w, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return w.masked_fill((w < low) | (w > high), 0.0)
+
+
+def importance_sampling_metrics(ratio: torch.Tensor, old_logps: torch.Tensor, sampling_logps: torch.Tensor,
+                                mask: torch.Tensor, mode: str = "sequence_mask") -> dict[str, float]:
+    """What TRL logs about the correction, under its names: |old - sampling| per generated token
+    (NaN left out), and the weights after the bound: per generated token, or per episode (every
+    episode) in the sequence modes."""
+    on = mask.bool()  # (N, T)
+    delta = (old_logps - sampling_logps).abs()[on]
+    delta = delta[~torch.isnan(delta)]  # (M,)
+    weights = ratio.flatten() if mode.startswith("sequence") else ratio[on]  # (N,) or (M,)
+    stat = lambda x, f: f(x).item() if x.numel() else 0.0  # noqa: E731
+    return {
+        "sampling/sampling_logp_difference/mean": stat(delta, torch.mean),
+        "sampling/sampling_logp_difference/max": stat(delta, torch.max),
+        "sampling/importance_sampling_ratio/min": stat(weights, torch.min),
+        "sampling/importance_sampling_ratio/mean": stat(weights, torch.mean),
+        "sampling/importance_sampling_ratio/max": stat(weights, torch.max),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -694,7 +789,16 @@ class LoRAGRPO:
             raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {config.scale_rewards!r}")
         if config.advantage not in ADVANTAGES:
             raise ValueError(f"advantage must be one of {ADVANTAGES}, got {config.advantage!r}")
+        if config.vllm_importance_sampling_mode not in IS_MODES:
+            raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {config.vllm_importance_sampling_mode!r}")
+        low, high = config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"vllm_importance_sampling_clip_min ({low}) must be less than vllm_importance_sampling_clip_max ({high})")
+        if config.vllm_importance_sampling_mode.endswith("truncate") and low is None and high is None:
+            raise ValueError("a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_min or _clip_max")
         self.config = config
+        # Section 3b: only when another engine samples (TRL: use_vllm and vllm_importance_sampling_correction)
+        self.correct_sampler = config.backend == "vllm" and config.vllm_importance_sampling_correction
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if config.device == "auto" else config.device))
         if not isinstance(model, PeftModel):
@@ -735,6 +839,27 @@ class LoRAGRPO:
                     return token_logprobs(self.model, input_ids, mask, self.temperature, self.chunk_size)[0]
             return token_logprobs(self.model, input_ids, mask, self.temperature, self.chunk_size)[0]
 
+    def old_logps(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """pi_old of the clipped ratio, before the update: (old_logps (N, T), weights, metrics).
+
+        The sampler's own log-probs (``batch.old_logps``; weights None, no metrics) when the trained
+        model sampled. When vLLM sampled and ``vllm_importance_sampling_correction`` is on (section 3b,
+        as TRL): the trainer's log-probs of the same tokens (no grad, one micro-batch at a time, eval
+        mode: the policy as it sampled, without LoRA dropout; TRL recomputes in train mode, the same at
+        dropout 0), the importance-sampling weights and TRL's ``sampling/...`` metrics.
+        """
+        cfg = self.config
+        sampling = batch.old_logps.to(self.device)  # (N, T)
+        if not self.correct_sampler:
+            return sampling, None, {}
+        ids, mask = batch.input_ids.to(self.device), batch.mask.to(self.device)  # (N, T)
+        self.model.eval()
+        with torch.no_grad():
+            old = torch.cat([self.logprobs(ids[rows], mask[rows]) for rows in torch.arange(len(batch)).chunk(cfg.grad_accum)])
+        weights = importance_sampling_ratio(old, sampling, mask, cfg.vllm_importance_sampling_mode,
+                                            cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max)
+        return old, weights, importance_sampling_metrics(weights, old, sampling, mask, cfg.vllm_importance_sampling_mode)
+
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """Scored trajectories -> advantages -> ``update``, with the config's ``advantage``, ``scale_rewards``,
         ``skip_zero_spread`` and ``mask_truncated_completions`` (what ``helpers.loop`` spells out)."""
@@ -748,13 +873,13 @@ class LoRAGRPO:
         self.step += 1
         if len(batch) == 0:  # every group had zero spread and was skipped
             return {"step": self.step, "skipped_steps": self.skipped_steps}
-        self.model.train()
+        old, weights, sampler_metrics = self.old_logps(batch)  # (N, T); section 3b's (N, T) or (N, 1) weights, or None
         ids, mask = batch.input_ids.to(self.device), batch.mask.to(self.device)  # (N, T)
-        old = batch.old_logps.to(self.device)  # (N, T)
+        micro_rows = torch.arange(len(batch)).chunk(cfg.grad_accum)
+        self.model.train()
         adv = (batch.advantages if batch.token_advantages is None else batch.token_advantages).to(self.device)  # (N,) or (N, T)
         ref = self.logprobs(ids, mask, reference=True) if cfg.beta != 0.0 else None  # (N, T) or None
         num_items = mask.sum().float()  # dapo: tokens in the whole batch, across micro-batches
-        micro_rows = torch.arange(len(batch)).chunk(cfg.grad_accum)
         per_iteration = []
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -766,7 +891,7 @@ class LoRAGRPO:
                     logps, old[rows], adv[rows], mask[rows], None if ref is None else ref[rows],
                     loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                     beta=cfg.beta, max_completion_length=self.max_completion_length, num_items=num_items,
-                    grad_accum=len(micro_rows),
+                    grad_accum=len(micro_rows), importance_sampling_ratio=None if weights is None else weights[rows],
                 )
                 if not torch.isfinite(loss):
                     finite = False
@@ -789,7 +914,7 @@ class LoRAGRPO:
         metrics = {key: sum(it[key] for it in per_iteration) / len(per_iteration)  # averaged over the mu iterations
                    for key in (per_iteration[0] if per_iteration else [])}
         self.model.eval()  # the next rollout samples without (LoRA) dropout
-        return {**metrics, "step": self.step, "skipped_steps": self.skipped_steps}
+        return {**metrics, **sampler_metrics, "step": self.step, "skipped_steps": self.skipped_steps}
 
     def sampled_kl(self, batch: Batch) -> float:
         """Mean k3 KL(sampling policy || reference) per generated token of ``batch``, from one
