@@ -54,6 +54,18 @@ def test_the_gate_compares_with_the_deployed_and_the_starting_version_not_the_be
     assert "starting version's 0.900" in gate(0.84, deployed=0.86, start=0.90, margin=margin)
 
 
+def test_replay_draws_items_evenly_not_the_pool_s_mix():
+    from types import SimpleNamespace
+
+    pool = [{"id": i, "world": {"item": "key"}} for i in range(90)] + [{"id": 90 + i, "world": {"item": item}}
+                                                                        for i, item in enumerate(["cake", "pen", "mug", "hat"])]
+    owner = SimpleNamespace(trained=pool, online=OnlineConfig(replay=4), rng=random.Random(0))
+    draws = [OnlineTrainer.replay_sample(owner) for _ in range(200)]
+    assert all(len({f["world"]["item"] for f in draw}) == 4 for draw in draws)  # four requests of four items
+    cake = sum(any(f["world"]["item"] == "cake" for f in draw) for draw in draws) / len(draws)
+    assert 0.65 < cake < 0.95  # 4 of 5 items each time: cake in 80 % of updates, not the 4 % its share of the pool gives
+
+
 def make_trainer(tmp_path, start_canary=None, canary_tasks=12):
     store = open_store(str(tmp_path / "store.db"))
     register_start(store, None)  # the preset's model alone is version 0

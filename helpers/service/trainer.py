@@ -20,10 +20,14 @@ prices) ``group_size`` times with the current adapter, scores each episode again
     trainer.update(collate(trajs, A, skip_zero_spread=True)) # LoRAGRPO: the clipped-ratio update
 
 Experience replay: each update also replays ``replay`` requests drawn from those trained on before
-(their references were trusted then; a user found out later loses them here too). A drifted traffic
-of a few items would otherwise pull the adapter away from the rest (catastrophic forgetting), and
-the canary gate would refuse update after update. A replayed request the agent already answers
-right at temperature 1 in every sample has no spread and costs only its sampling.
+(their references were trusted then; a user found out later loses them here too), one item each,
+the items drawn evenly from those in the pool (``replay_sample``). A drifted traffic of a few items
+would otherwise pull the adapter away from the rest (catastrophic forgetting), and the canary gate
+would refuse update after update. Evenly by item, because the pool fills with what the traffic asks
+now: drawn uniformly from the pool, the replay came from the drifted items too, and the items being
+forgotten (learning ``key`` cost ``cake`` and ``pen`` 9 and 10 of their 12 canary tasks, LOG.md)
+were almost never replayed. A replayed request the agent already answers right at temperature 1 in
+every sample has no spread and costs only its sampling; one it starts to forget has, and pulls back.
 
 A group whose G episodes all agree with the reference, or all disagree, has no spread and teaches
 nothing (it is skipped): a false "correct" answer that the agent never produces costs nothing. A
@@ -100,7 +104,7 @@ class OnlineConfig:
     audit_rate: float = 0.2  # share of feedback checked against the world's answer
     min_audits: int = 2  # a user is judged after this many audits
     min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
-    replay: int = 4  # requests trained on before, replayed in each update beside the B new ones (against forgetting)
+    replay: int = 4  # requests trained on before (of as many items), replayed in each update beside the B new ones
     lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: at 5e-3, updates on a few items' requests forgot the others (LOG.md)
     poll_s: float = 0.5  # seconds between looks at the store
 
@@ -251,10 +255,17 @@ class OnlineTrainer:
                 time.sleep(self.online.poll_s)
                 continue
             batch, pending = pending[: self.online.batch_tasks], pending[self.online.batch_tasks:]
-            replayed = self.rng.sample(self.trained, min(self.online.replay, len(self.trained)))
-            self.update(batch + replayed)
+            self.update(batch + self.replay_sample())
             self.trained += batch
             self.store.set_setting(CURSOR_KEY, batch[-1]["id"])
+
+    def replay_sample(self) -> list[dict]:
+        """``replay`` requests of the pool, of ``replay`` different items drawn evenly (module docstring)."""
+        by_item: dict[str, list[dict]] = {}
+        for feedback in self.trained:
+            by_item.setdefault(feedback["world"]["item"], []).append(feedback)
+        items = self.rng.sample(sorted(by_item), min(self.online.replay, len(by_item)))
+        return [self.rng.choice(by_item[item]) for item in items]
 
     def update(self, batch: list[dict]) -> int:
         """One GRPO update on ``batch``'s requests, then the gate. Returns the new version."""
