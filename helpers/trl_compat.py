@@ -102,6 +102,11 @@ def grpo_config(config: TrainConfig, output_dir: str | Path, processes: int = 1,
         epsilon_high=config.epsilon_high,
         num_iterations=config.num_iterations,
         mask_truncated_completions=config.mask_truncated_completions,
+        # the train-inference correction (it acts only when vLLM samples, in TRL as in helpers.grpo)
+        vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+        vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
+        vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
+        vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
         # the optimizer
         learning_rate=config.lr,
         warmup_steps=config.warmup_steps,
