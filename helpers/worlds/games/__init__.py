@@ -28,6 +28,14 @@ the advantage is the return itself, ``A = R``. A single baseline shared by both 
 better: in self-play both seats' moves are in the batch and their returns cancel (zero-sum), so a
 shared mean is about 0. What the runs measured with and without RAE is in notebooks/09_self_play.ipynb.
 
+Why a KL penalty to the warm start as well (``beta``, the loop's KL term, TRL's name): gradient play in
+a zero-sum game need not settle at an equilibrium; it can circle or drift round it, since each seat's
+best move changes as the other's does (notebook 09 §4 shows a run without it drift back above its
+start, betting nearly every hand). Pulling toward a fixed reference policy, a "magnet", makes the
+last policy settle at a point between the reference and an equilibrium: the idea of magnetic mirror
+descent (Sokota et al. 2023, arXiv 2206.05825), in its simplest form. The control gets the same
+penalty, so the two runs differ by the opponent alone.
+
 The measures of strength are exact (``strength.py``): the policy's move probabilities at all 12
 information states, read from its logits, give its **exploitability** (OpenSpiel's; 0 at a Nash
 equilibrium) and its **head-to-head** value against any other table (the warm start, uniform
@@ -41,9 +49,9 @@ The world's files:
     strength.py  the exact move table of a model, exploitability, head to head
     collect.py   play_hands, the role baselines and advantages, GameCollector (the loop's step)
     presets.py   tiny-kuhn (self-play; --opponent warm: the control)
-    build.py     the warm start data/tiny-games (python -m helpers.worlds.games build)
+    build.py     the warm start data/tiny-games: imitates a cautious player (python -m helpers.worlds.games build)
 
-    python -m helpers.worlds.games build                              # the warm start (~3 min of CPU, one thread)
+    python -m helpers.worlds.games build                              # the warm start (~3.5 min of CPU, one thread)
     python -m helpers.train --preset tiny-kuhn --seed 0               # self-play
     python -m helpers.train --preset tiny-kuhn --seed 0 --opponent warm --out-dir runs/tiny-kuhn-warm-seed{seed}   # the control
     python -m helpers.worlds.games compare runs/tiny-kuhn-seed0 runs/tiny-kuhn-warm-seed0    # exact head to head

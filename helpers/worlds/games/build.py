@@ -1,16 +1,27 @@
 """The game world's warm start: a tiny model that imitates a weak, plausible Kuhn poker player.
 
-    python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~3 min of CPU, one thread)
+    python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~3.5 min of CPU, one thread)
     python -m helpers.worlds.games baseline                        # its exact move table and strength
     python -m helpers.worlds.games compare RUN_A RUN_B [RUN_C ...]  # exact head to head of runs' final policies
 
-The demonstrator plays by card strength and nothing else: it bets (or calls) with probability
-0.3 holding J, 0.5 holding Q, 0.7 holding K, whatever happened before (``DEMONSTRATOR``). That is
-plausible (better cards, more chips in) and weak: it folds a K to a bet 3 times in 10, calls with a
-J that can never win, and its bets say what it holds. Its exploitability is 0.222 chips per hand
-(uniform random: 0.458; a Nash equilibrium: 0), so there is room to improve, and it mixes at every
-state, so sampling tries every move. The SFT model imitates the mixture: hands of the demonstrator
-against itself, each seat's conversation one example (``game.conversation`` + its replies).
+The demonstrator is a cautious player (``BETS``): it bets its good cards, bluffs a J now and then,
+and folds too often when bet into. What it does depends on the card and on the betting so far:
+
+    situation (moves so far)          bet or call with   J     Q     K
+    player 1 opens (none)                               0.3   0.4   0.8
+    player 2 after a pass ("p")                         0.3   0.5   0.9
+    facing a bet ("b", "pb")                            0.05  0.2   0.7
+
+That is plausible (better cards, more chips in; first to act, a little more careful) and weak: it
+folds a K to a bet 3 times in 10, so a player who bets every hand wins its antes, and its bets say
+what it holds. Its exploitability is 0.270 chips per hand (uniform random: 0.458; a Nash
+equilibrium: 0), so there is room to improve; the best response to it (bet everything, which a
+fixed-opponent learner drifts toward) is itself very exploitable; and it mixes at every state, so
+sampling tries every move. Because its play depends on the history, the model that imitates it
+reads the moves so far, not only its card (a demonstrator that played by card alone gave a warm
+start whose 12 states collapsed to 3, and RL from it never separated them: LOG.md). The SFT model
+imitates the mixture: hands of the demonstrator against itself, each seat's conversation one
+example (``game.conversation`` + its replies).
 """
 
 from __future__ import annotations
@@ -26,7 +37,12 @@ from helpers.worlds.games.strength import exploitability, head_to_head, illegal_
 from helpers.worlds.tinymodel import load_tiny, new_model, save_tiny, start_build, train_tokenizer
 
 GAMES_DIR = ROOT / "data" / "tiny-games"
-BET_BY_CARD = {"0": 0.3, "1": 0.5, "2": 0.7}  # J, Q, K: the probability of bet (or call) at any state
+BETS = {  # the demonstrator's probability of bet (or call), by the moves so far, for J, Q, K
+    "": (0.3, 0.4, 0.8),  # player 1 opens
+    "p": (0.3, 0.5, 0.9),  # player 2 after a pass
+    "b": (0.05, 0.2, 0.7),  # player 2 facing a bet
+    "pb": (0.05, 0.2, 0.7),  # player 1 facing a bet after its pass
+}
 BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds.games build` runs exactly this
     seed=0,
     hands=4000,  # demonstration hands (two examples each: one per seat)
@@ -40,8 +56,8 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
 
 
 def demonstrator() -> dict[str, dict[str, float]]:
-    """The demonstrator's move table: bet with probability ``BET_BY_CARD`` of its card, at every state."""
-    return table_from_bets({key: BET_BY_CARD[key[0]] for key in information_states()})
+    """The demonstrator's move table: bet with probability ``BETS[moves so far][card]`` at each state ("0pb": J after pass, bet)."""
+    return table_from_bets({key: BETS[key[1:]][int(key[0])] for key in information_states()})
 
 
 def demonstrations(hands: int, seed: int) -> list[list[dict]]:

@@ -18,7 +18,7 @@ The rules, the deal and the payoffs are OpenSpiel's (``pyspiel.load_game("kuhn_p
 text a player reads and a reply into a move:
 
     match = Match(deal=(0, 2))               # player 1 holds J, player 2 holds K
-    match.observation(0)                     # 'Your card: J. You are player 1. Moves so far: none. Legal moves: pass, bet.'
+    match.observation(0)                     # 'Your card: J. You are player 1. Moves so far: none. Legal moves: pass (check), bet.'
     match.play("<answer>bet</answer>")       # True: a legal move, played
     match.returns()                          # [0.0, 0.0] until the hand ends
 
@@ -69,13 +69,17 @@ def load_game():
 
 def observation_for(key: str) -> str:
     """What a player reads at the information state ``key`` (OpenSpiel's string: card digit + moves as p/b).
+    The legal moves say what they mean here, as a poker player would: facing a bet, pass folds and bet calls.
 
     >>> observation_for("1p")
-    'Your card: Q. You are player 2. Moves so far: pass. Legal moves: pass, bet.'
+    'Your card: Q. You are player 2. Moves so far: pass. Legal moves: pass (check), bet.'
+    >>> observation_for("1b")
+    'Your card: Q. You are player 2. Moves so far: bet. Legal moves: pass (fold), bet (call).'
     """
     card, history = CARDS[int(key[0])], key[1:]
     moves = ", ".join(MOVES["pb".index(c)] for c in history) or "none"
-    return f"Your card: {card}. You are player {len(history) % 2 + 1}. Moves so far: {moves}. Legal moves: {', '.join(MOVES)}."
+    legal = "pass (fold), bet (call)" if history.endswith("b") else "pass (check), bet"
+    return f"Your card: {card}. You are player {len(history) % 2 + 1}. Moves so far: {moves}. Legal moves: {legal}."
 
 
 def reply_for(move: str) -> str:

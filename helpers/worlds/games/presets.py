@@ -13,7 +13,9 @@ def tiny_kuhn() -> GameConfig:
     Each step 16 hands, both seats the current policy (~36 moves, every one trained) with
     role-conditioned advantages. The same command with ``--opponent warm`` is the control (the frozen
     warm start in the other seat, 32 hands: as many of the policy's moves); ``--rae false`` drops the
-    baselines; ``--opponent pool`` plays past policies. The exact measures of strength are taken every
+    baselines; ``--opponent pool`` plays past policies. A KL penalty to the warm start (``beta``)
+    anchors both: plain self-play by gradient can drift round the equilibrium instead of settling
+    (notebook 09 §4 shows a run without it; LOG.md). The exact measures of strength are taken every
     step; the held-out hands (120, against a random opponent) before and after.
     """
     return GameConfig(
@@ -25,7 +27,7 @@ def tiny_kuhn() -> GameConfig:
         env="kuhn_poker",
         env_max_steps=2,  # a player moves at most twice in a hand
         lr=2e-3,
-        beta=0.0,
+        beta=0.3,  # KL to the warm start: keeps self-play from drifting round the equilibrium (notebook 09 §3; the control has it too)
         lora_r=8,
         lora_alpha=16,
         steps=40,
