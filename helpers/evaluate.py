@@ -1,6 +1,6 @@
 """The evaluation command: a base model or a saved adapter on fresh held-out tasks, or on a public benchmark.
 
-    python -m helpers.evaluate --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-30 --n 200 --seed 1234
+    python -m helpers.evaluate --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-20 --n 200 --seed 1234
     python -m helpers.evaluate --benchmark humaneval --preset gsm8k-24gb --k 10          # Qwen2.5-1.5B: pass@1, pass@10
     python -m helpers.evaluate --benchmark reasoning_gym/chain_sum --n 100 --seed 1      # reasoning-gym's verifier, mean score
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
