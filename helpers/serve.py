@@ -1,6 +1,6 @@
 """Serve the agent, train it online from its users' feedback, and watch it in a simulated deployment (持续学习).
 
-    python -m helpers.serve --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-30   # http://127.0.0.1:8000
+    python -m helpers.serve --preset tiny-agent --adapter runs/tiny-agent-seed0/checkpoint-20   # http://127.0.0.1:8000
     python -m helpers.serve train --preset tiny-agent            # the online trainer, beside the server, on the same store
     python -m helpers.serve rollback --version 2                 # point the service at an older adapter version
     python -m helpers.serve loadtest --clients 32 --seconds 30   # loopback load test across a hot swap (p50/p95)

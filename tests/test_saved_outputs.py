@@ -94,5 +94,8 @@ def test_title_carries_the_chinese_name_of_the_map(path):
     title = "".join(cells[0]["source"]).splitlines()[0]
     name = CHINESE_NAMES[path.name.split("_")[0]]
     assert name in title, f"{path.name}: title {title!r} should carry {name!r} (notebook 00's map)"
+    number = path.name.split("_")[0]
+    assert re.fullmatch(rf"# {number} · [^·—()]+ — {re.escape(name)}[^·—()]*", title), (
+        f"{path.name}: title {title!r} should read '# {number} · English name — {name}...' (one form for every notebook)")
     prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert "要点" in prose, f"{path.name}: no 要点 (key points) cell"
