@@ -27,6 +27,7 @@ from helpers.policy import HFPolicy, SamplingParams
 from helpers.rollout import rollout
 from helpers.trl_compat import import_trl
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from tests.test_grpo_trl import trained_looking  # a LoRA trainer whose adapter is not zero
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 G = 4
@@ -48,17 +49,6 @@ def episodes(tiny):
                     max_total_tokens=cfg.max_total_tokens, progress=False)
     assert any(t.turns >= 2 for t in trajs), "no episode with a tool reply: the check would not cover tool tokens"
     return trajs
-
-
-def trained_looking(model, cfg):
-    """A LoRA trainer whose adapter is not zero (the policy differs from the base model)."""
-    trainer = LoRAGRPO(copy.deepcopy(model), cfg)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in trainer.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    return trainer
 
 
 def test_worked_example():
