@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from helpers.paths import ROOT
-from helpers.service.trainer import SEEN_KEY, OnlineConfig, same_number
+from helpers.service.trainer import SEEN_KEY, OnlineConfig, same_number, starting_version
 
 START_DIR = "runs/serve-start"  # the starting agent's run folder
 START_STEPS = 10
@@ -246,7 +246,7 @@ def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift
         "learning_end": mean("success_learning", end), "frozen_end": mean("success_frozen", end),
     }
     canary = {a["version"]: a["canary"] for a in adapters}
-    start = [a["version"] for a in adapters if a["parent"] is None][-1]  # version 0: the starting agent
+    start = starting_version(adapters)  # version 0: the starting agent
     updates = [a for a in adapters if a["status"] == "deployed" and a["parent"] is not None]
     drop_vs_parent = max((canary[a["parent"]] - a["canary"] for a in updates), default=0.0)
     drop_vs_start = max((canary[start] - a["canary"] for a in updates), default=0.0)

@@ -109,6 +109,11 @@ class OnlineConfig:
     poll_s: float = 0.5  # seconds between looks at the store
 
 
+def starting_version(adapters: list[dict]) -> int:
+    """The version the server was started with: the last one registered without a parent (the gate's second reference)."""
+    return [a["version"] for a in adapters if a["parent"] is None][-1]
+
+
 def gate(canary: float, deployed: float, start: float, margin: float) -> str | None:
     """Why a candidate whose canary success is ``canary`` is refused (module docstring), or None: it is deployed.
 
@@ -202,7 +207,7 @@ class OnlineTrainer:
             raise SystemExit(f"{store.path}: its canary scores were measured on {measured_on} canary tasks, not "
                              f"{online.canary_tasks}: pass --canary-tasks {measured_on}, or start a new store")
         store.set_setting(CANARY_KEY, online.canary_tasks)
-        self.start = [a["version"] for a in store.adapters() if a["parent"] is None][-1]  # the server's starting version
+        self.start = starting_version(store.adapters())
         self.start_canary = self.canary_of(self.start)  # the gate's two references (module docstring)
         self.deployed_canary = self.canary_of(self.deployed)
         self.reputation = Reputation(online)
