@@ -27,7 +27,7 @@ def tiny_kuhn() -> GameConfig:
         env="kuhn_poker",
         env_max_steps=2,  # a player moves at most twice in a hand
         lr=2e-3,
-        beta=0.3,  # KL to the warm start: keeps self-play from drifting round the equilibrium (notebook 09 §3; the control has it too)
+        beta=0.3,  # KL to the warm start: keeps self-play from drifting round the equilibrium (notebook 09 §4; the control has it too)
         lora_r=8,
         lora_alpha=16,
         steps=40,
