@@ -237,11 +237,15 @@ print("unsafe:", result.stdout.strip(), [name for name in os.listdir(tempfile.ge
 """
 
 
+def others_may_reach(path: Path) -> bool:
+    """Whether a user who owns nothing here may reach ``path``: every folder above it lets others in (o+x)."""
+    return all(folder.stat().st_mode & 0o001 for folder in path.resolve().parents) and bool(path.resolve().stat().st_mode & 0o001)
+
+
 def interpreter_for(uid: int) -> str:
     """An interpreter that user ``uid`` may run: ours, unless a parent folder shuts others out (pyenv under /root)."""
     for python in (sys.executable, "/usr/bin/python3"):
-        path = Path(python).resolve()
-        if all(folder.stat().st_mode & 0o001 for folder in path.parents) and path.stat().st_mode & 0o001:
+        if others_may_reach(Path(python)):
             return python
     pytest.fail("no interpreter here that a normal user may run")
 
@@ -251,6 +255,7 @@ def test_a_normal_users_run(tmp_path):
     """Root runs the suite in CI; the normal user's path (a user namespace, no cgroup) runs here as uid 54321."""
     tmp_path.chmod(0o777)
     python = interpreter_for(54321)
+    assert others_may_reach(REPO), f"{REPO}: a folder above the clone shuts other users out (e.g. mktemp's 0700); the normal user cannot import helpers"
     done = subprocess.run([python, "-c", NORMAL_USER.format(repo=str(REPO), innocent=INNOCENT)], user=54321, group=54321, extra_groups=[], capture_output=True,
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}, cwd=tmp_path)
     lines = done.stdout.splitlines()
