@@ -76,9 +76,11 @@ Simplifications, named:
 * Timeouts are checked between phases: a generate call is not interrupted, so an
   episode can overrun ``episode_timeout`` by one generation.
 * A timed-out env step keeps running in its thread (Python cannot kill a thread); its
-  result is ignored and the rollout moves on. Each turn uses a fresh thread pool so a
-  hung tool cannot starve later turns. Tools that can truly hang (running code)
-  should enforce their own limit in a subprocess (``helpers.sandbox``).
+  result is ignored and the rollout moves on. The steps run in one thread pool per
+  process (starting 32 threads costs more than a turn of the shop world's steps), and
+  a step that times out retires that pool: its hung thread stays there, so a hung tool
+  cannot starve later turns. Tools that can truly hang (running code) should enforce
+  their own limit in a subprocess (``helpers.sandbox``).
 * ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
   it, via ``env.truncate``); the reward module may replace it.
 * Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget
@@ -309,6 +311,24 @@ class _Episode:
         )
 
 
+_ENV_POOL: list[cf.ThreadPoolExecutor] = []  # the pool env steps run in (module docstring), made on first use
+
+
+def env_pool() -> cf.ThreadPoolExecutor:
+    """The thread pool that runs env steps: one per process, made on first use."""
+    if not _ENV_POOL:
+        _ENV_POOL.append(cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="env-step"))
+    return _ENV_POOL[0]
+
+
+def retire_env_pool(pool: cf.ThreadPoolExecutor) -> None:
+    """After a step timed out in ``pool``: later steps go to a fresh pool; the old one keeps its hung thread
+    and finishes what it was given (another rollout may be using it too), without anyone waiting for it."""
+    if _ENV_POOL and _ENV_POOL[0] is pool:
+        _ENV_POOL.clear()
+    pool.shutdown(wait=False)
+
+
 def rollout(
     tasks: list[Task],
     env_factory: Callable[[], object] | str,
@@ -404,11 +424,12 @@ def rollout(
 
         # 2. Step the envs in parallel, each step under a timeout.
         t0 = time.perf_counter()
-        pool = cf.ThreadPoolExecutor(max_workers=min(32, len(live)))
+        pool = env_pool()
         futures = {pool.submit(ep.env.step, ep.last_action): ep for ep in live}
         time_left = max(episode_timeout - (t0 - ep.start) for ep in live)
         done, _ = cf.wait(futures, timeout=max(0.0, min(step_timeout, time_left)))
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung step keeps its thread; we do not wait for it
+        if len(done) < len(futures):  # a hung step keeps its thread: retire its pool, we do not wait for it
+            retire_env_pool(pool)
         stats.env_s += time.perf_counter() - t0
 
         # 3. Apply each step's result: end the episode, or append the observation as tokens.

@@ -3,6 +3,7 @@
 import json
 import os
 import time
+import threading
 
 import pytest
 
@@ -31,6 +32,7 @@ from helpers.envs import (
 )
 from helpers.envs.code_env import CODE_TASKS as CODE_TASKS_PATH
 from helpers.envs.code_env import code_task
+from helpers.envs.episode import ToolThreads
 from helpers.formats import format_tool_call, judge_answer
 from helpers.sandbox import Limits, SandboxUnavailable, os_isolation
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
@@ -290,6 +292,28 @@ def test_a_tool_that_hangs_ends_at_the_step_timeout():
     assert (result.truncated, result.terminated, result.info["stop_reason"]) == (True, False, "timeout")
     assert "did not return" in result.info["limit"] and result.info["tool_errors"] == result.info["tool_failures"] == 1
     assert check_env(make_env("slow_calculator", step_timeout=0.3), TASKS, n_random=10) == []
+
+
+def test_tool_calls_reuse_their_threads_and_a_hung_call_keeps_its_own():
+    """Starting a thread for every call cost more than a shop tool's work: calls run on reused daemon threads."""
+    threads = ToolThreads()
+    for i in range(50):
+        assert threads.run(lambda x: x + 1, {"x": i}, timeout=5.0) == (True, i + 1, None)
+    assert threads.idle.qsize() == 1  # one thread served all fifty
+    release = threading.Event()
+    try:
+        assert threads.run(lambda: release.wait(30), {}, timeout=0.1) == (False, None, None)  # hung: not waited for
+        finished, value, error = threads.run(lambda: 1 / 0, {}, timeout=5.0)  # a second thread serves meanwhile
+        assert (finished, value, type(error)) == (True, None, ZeroDivisionError)
+        assert threads.idle.qsize() == 1
+    finally:
+        release.set()
+    for _ in range(100):  # the hung call returned: its thread serves again
+        if threads.idle.qsize() == 2:
+            break
+        time.sleep(0.01)
+    assert threads.idle.qsize() == 2
+    assert all(t.daemon for t in threading.enumerate() if t.name == "tool-call")  # none keeps the process alive
 
 
 def test_episode_timeout():

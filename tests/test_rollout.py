@@ -9,6 +9,7 @@ from helpers.envs import Episode, MathEnv, StepResult, make_env
 from helpers.formats import format_tool_call
 from helpers.policy import HFPolicy, SamplingParams, ScriptedPolicy
 from helpers.rollout import (
+    env_pool,
     load_trajectories,
     render,
     rollout,
@@ -130,11 +131,16 @@ def test_env_that_never_ends_stops_at_max_steps(tiny):
 def test_hanging_tool_stops_at_its_timeout(tiny):
     _, tokenizer = tiny
     policy = ScriptedPolicy(tokenizer, ["call the slow tool"])
+    rollout([TASK], NeverDoneEnv, policy, group_size=2, max_steps=2, progress=False)
+    pool = env_pool()
+    rollout([TASK], NeverDoneEnv, policy, group_size=2, max_steps=2, progress=False)
+    assert env_pool() is pool  # steps that return in time leave the pool to the next turns and rollouts
     start = time.perf_counter()
     trajs = rollout([TASK], HangingEnv, policy, group_size=2, step_timeout=0.3, progress=False)
     elapsed = time.perf_counter() - start
     assert [t.stop_reason for t in trajs] == ["timeout", "timeout"]
     assert elapsed < 2.0  # did not wait for the 3 s step
+    assert env_pool() is not pool  # the hung steps' pool was retired: later steps get threads of their own
 
 
 def test_episode_timeout(tiny):

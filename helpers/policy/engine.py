@@ -22,12 +22,19 @@ the way vLLM does, at the scale of one file:
    tokens. This is vLLM's automatic prefix caching, keyed here by the whole token sequence.
    Keys and values depend only on the tokens and the weights, so the reuse changes no number
    (beyond float rounding); ``sync`` forgets the cache, because the weights changed.
-3. **A static cache.** One preallocated buffer ``(layers, rows, kv_heads, T, head_dim)`` written in
-   place at each row's own position, instead of a concatenation per step. Live rows are kept at the
-   front of the buffer: when rows finish, each one is swapped with a live row from the back, so a
-   step copies two rows per finished row, not the whole cache.
-4. **Attention for one new token** is two small batched matrix products over the live part of
-   the cache, with a per-row length mask (grouped-query heads by broadcasting, no copies).
+3. **A static cache in two parts**, preallocated, written in place instead of grown by concatenation:
+   the *prompt part* ``(layers, U, kv_heads, T0, head_dim)`` holds each *distinct* prompt of the call
+   once (T0 its longest; the shorter ones' last columns are masked), and the *generated part*
+   ``(layers, rows, kv_heads, new tokens, head_dim)`` the keys of what each row samples, one column
+   per step. Live rows are kept at the front of the generated part: when rows finish, each one is
+   swapped with a live row from the back, so a step copies two rows per finished row, not the cache.
+   Each part is one contiguous block (a view of reused storage of its exact shape): on a CPU, reading
+   the same keys out of a wider buffer made the attention 2-3x slower (LOG.md, issue 29).
+4. **Attention for one new token** is small batched matrix products, one softmax over both parts.
+   Rows whose prompts are identical (the G samples of a task in the first turn; often in later ones,
+   when their turns so far came out the same: 5, 12, 33 and 16 distinct prompts of 96, 96, 96 and 55
+   rows in one shop-world step) read their prompt's keys *once*: their queries are stacked into one
+   matrix for it (the ``(U, R)`` grid of ``_forward``), as cascade attention does for a shared prefix.
 
 Sampling is ``helpers.policy.hf.sample_next`` over the live rows in their original order, so with
 the same seed the engine draws the same tokens as ``HFPolicy`` and reports the same log-probs (the
@@ -39,7 +46,9 @@ Simplifications, named:
   q/k/v biases when the model has them); no sliding window, no q/k norms (Qwen3). ``supports(model)``
   says whether a model qualifies; ``make_policy`` refuses the backend otherwise.
 * The cache keeps the sequences of the *last* call only (enough for the rollout, whose every call is
-  the next turn of the same episodes), in one buffer sized for that call: no paging, no eviction policy.
+  the next turn of the same episodes), copied into the next call's prompt part: no paging, no eviction
+  policy. Prompts share keys only when they are identical, not when they share a prefix (the tree of
+  shared prefixes that vLLM's and SGLang's caches keep).
 * The merged weights are a second copy of the projections (free for the tiny model; for a 1.5B model
   on a GPU, vLLM is the engine to use).
 * A row that reaches the model's last position ends there, with finish reason "length"; from then on
@@ -47,6 +56,8 @@ Simplifications, named:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -152,6 +163,7 @@ class EnginePolicy:
                              f"{config.model_type!r}: use backend 'hf'")
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self._storage: dict[str, torch.Tensor] = {}  # name -> flat memory that cache parts are views of, reused
         self.sync(model)
 
     def sleep(self) -> None:
@@ -160,50 +172,84 @@ class EnginePolicy:
     def sync(self, model) -> None:
         """After the update: read the merged weights again, and forget the cache (it holds the old weights' keys)."""
         self.w = _Weights(model)
-        self.cache_k = self.cache_v = None  # (layers, rows, kv_heads, T, head_dim): views into self._buffers
-        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # at most two (key, value) allocations, reused
-        self.cached: dict[tuple, tuple[int, int]] = {}  # token sequence -> (row in the cache, tokens whose keys are there)
+        # The last call's cache (module docstring, 3.), keys and values stacked:
+        self.prompt_kv = None  # (2, layers, U, kv_heads, T0, head_dim): each distinct prompt once, T0 its longest
+        self.prompt_len = None  # (U,) tokens of each prompt row
+        self.gen_kv = None  # (2, layers, rows, kv_heads, new tokens, head_dim): what each row generated
+        self.source = self.slot = None  # (rows,) each row's prompt row, and its place among the rows sharing it
+        self.prompt_storage = "prompt_a"  # the storage of the prompt part (the next call's goes into the other)
+        self.cached: dict[tuple, tuple[int, int, int]] = {}  # token sequence -> (cache row, tokens whose keys are there, its prompt row)
 
     # --- the forward pass over new tokens of some rows ------------------------------------------
 
-    def _forward(self, new: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Feed ``new`` tokens to the first N rows of the cache; return each row's logits after its last new token.
+    def _forward(self, new: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """Feed ``new`` tokens to N rows; return each row's logits after its last new token.
 
         new:     (N, S) token ids, right-padded
         lengths: (N,) tokens already cached   counts: (N,) real tokens in each row of ``new``
+        step:    None for a prefill: the rows are the prompt part's first N rows; the new keys go into them
+                 at their positions, and each query sees the keys at its own position and before. Else the
+                 rows are the first N rows of the generated part, one token each (S = 1), the ``step``-th of
+                 this call: its key goes into column ``step``, and the query sees its prompt's row of the
+                 prompt part and the first ``step + 1`` columns of its own row.
         returns: (N, V) float32 logits
         """
         w = self.w
-        N, S = new.shape  # the live rows are the cache's first N rows
+        N, S = new.shape
+        prompt_k, prompt_v = self.prompt_kv  # (layers, U, kv, T0, D) each
+        U, T0 = prompt_k.shape[1], prompt_k.shape[3]
+        groups, D = w.heads // w.kv_heads, w.head_dim
         positions = lengths[:, None] + torch.arange(S, device=new.device)  # (N, S) absolute positions
-        real = torch.arange(S, device=new.device)[None] < counts[:, None]  # (N, S) not padding
-        T = int((lengths + counts).max())  # keys to attend over: the longest row after this step
-        keys = torch.arange(T, device=new.device)
-        hidden = keys[None, None, :] > positions[:, :, None]  # (N, S, T): later positions, and other rows' padding
+        columns = torch.arange(T0, device=new.device)
+        if step is None:
+            hidden = columns[None, None, :] > positions[:, :, None]  # (N, S, T0): later positions, and the padding
+            real = torch.arange(S, device=new.device)[None] < counts[:, None]  # (N, S) not padding
+            rows = torch.arange(N, device=new.device)[:, None].expand(N, S)
+            write_rows, write_pos = rows[real], positions[real]  # (M,), (M,) where the new keys go
+        else:
+            source, slot = self.source[:N], self.slot[:N]  # (N,), (N,)
+            hidden = (columns[None, :] >= self.prompt_len[source, None])[:, None, :]  # (N, 1, T0): the prompt's padding
+            # the rows sharing a prompt side by side: row n at (source[n], slot[n]) of a (U, R) grid, the rest zeros
+            R = int(self.slot.max()) + 1
+            q_grid = torch.zeros(U, w.kv_heads, R, groups, D, dtype=w.embed.dtype, device=new.device)
+            p_grid = torch.zeros(U, w.kv_heads, R, groups, T0, dtype=w.embed.dtype, device=new.device)
         mask = torch.zeros(hidden.shape, dtype=w.embed.dtype, device=new.device).masked_fill(hidden, float("-inf"))
-        mask = mask[:, None, None]  # (N, 1, 1, S, T): added to the scores of every head
-        cos = w.cos[positions][:, None]  # (N, 1, S, D)
-        sin = w.sin[positions][:, None]
-        rows = torch.arange(N, device=new.device)
-        write_rows, write_pos = rows[:, None].expand(N, S)[real], positions[real]  # (M,), (M,) where the new keys go
+        last_position = w.cos.shape[0] - 1  # a padding token may sit past it; its outputs are never used
+        cos = w.cos[positions.clamp(max=last_position)][:, None]  # (N, 1, S, D)
+        sin = w.sin[positions.clamp(max=last_position)][:, None]
         x = w.embed[new]  # (N, S, H)
-        groups = w.heads // w.kv_heads
         for i, layer in enumerate(w.layers):
             h = _rms_norm(x, layer["norm1"], w.eps)
             qkv = h @ layer["qkv"]  # (N, S, (heads + 2 kv) * D)
             if layer["qkv_bias"] is not None:
                 qkv = qkv + layer["qkv_bias"]
-            qk, v = qkv.split([(w.heads + w.kv_heads) * w.head_dim, w.kv_heads * w.head_dim], dim=-1)
-            qk = _rotate(qk.view(N, S, w.heads + w.kv_heads, w.head_dim).transpose(1, 2), cos, sin)  # (N, heads + kv, S, D)
-            q, k = qk[:, : w.heads], qk[:, w.heads :]  # (N, heads, S, D), (N, kv, S, D)
-            v = v.view(N, S, w.kv_heads, w.head_dim).transpose(1, 2)  # (N, kv, S, D)
-            self.cache_k[i][write_rows, :, write_pos] = k.transpose(1, 2)[real]  # (M, kv, D) into the static cache
-            self.cache_v[i][write_rows, :, write_pos] = v.transpose(1, 2)[real]
-            K, V = self.cache_k[i][:N, :, :T], self.cache_v[i][:N, :, :T]  # (N, kv, T, D): views, no copy
-            q = q.reshape(N, w.kv_heads, groups * S, w.head_dim)  # grouped-query: the heads sharing a kv head side by side
-            scores = (q @ K.transpose(-1, -2)).view(N, w.kv_heads, groups, S, T) + mask  # q carries 1/sqrt(D)
-            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(N, w.kv_heads, groups * S, T)
-            attn = (probs @ V).view(N, w.heads, S, w.head_dim).transpose(1, 2).reshape(N, S, -1)  # (N, S, heads * D)
+            qk, v = qkv.split([(w.heads + w.kv_heads) * D, w.kv_heads * D], dim=-1)
+            qk = _rotate(qk.view(N, S, w.heads + w.kv_heads, D).transpose(1, 2), cos, sin)  # (N, heads + kv, S, D)
+            q, k = qk[:, : w.heads], qk[:, w.heads :]  # (N, heads, S, D), (N, kv, S, D); q carries 1/sqrt(D)
+            v = v.view(N, S, w.kv_heads, D).transpose(1, 2)  # (N, kv, S, D)
+            Kp, Vp = prompt_k[i].flatten(0, 1), prompt_v[i].flatten(0, 1)  # (U kv, T0, D): one block each
+            if step is None:
+                q = q.reshape(N * w.kv_heads, groups * S, D)  # grouped-query: the heads sharing a kv head side by side
+                prompt_k[i][write_rows, :, write_pos] = k.transpose(1, 2)[real]  # (M, kv, D) into the prompt part
+                prompt_v[i][write_rows, :, write_pos] = v.transpose(1, 2)[real]
+                scores = (q @ Kp.transpose(1, 2)).view(N, w.heads, S, T0) + mask[:, None]
+                probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(N * w.kv_heads, groups * S, T0)
+                attn = probs @ Vp  # (N kv, groups S, D): in a prefill the rows are the prompt rows, N = U
+            else:
+                q = q.reshape(N * w.kv_heads, groups, D)
+                gen_k, gen_v = self.gen_kv  # (layers, rows, kv, new tokens, D) each
+                gen_k[i][:N, :, step] = k[:, :, 0]  # (N, kv, D) into column `step`
+                gen_v[i][:N, :, step] = v[:, :, 0]
+                Kg, Vg = gen_k[i][:N, :, : step + 1].flatten(0, 1), gen_v[i][:N, :, : step + 1].flatten(0, 1)  # (N kv, step + 1, D)
+                q_grid[source, :, slot] = q.view(N, w.kv_heads, groups, D)  # each prompt row's keys read once, for all the rows that share it
+                prompt_scores = (q_grid.view(U * w.kv_heads, R * groups, D) @ Kp.transpose(1, 2)).view(U, w.kv_heads, R, groups, T0)
+                scores = torch.cat([prompt_scores[source, :, slot].view(N, w.heads, T0) + mask,  # (N, heads, T0)
+                                    (q @ Kg.transpose(1, 2)).view(N, w.heads, step + 1)], dim=-1)
+                probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (N, heads, T0 + step + 1): one softmax over both parts
+                p_grid[source, :, slot] = probs[..., :T0].view(N, w.kv_heads, groups, T0)
+                attn = ((p_grid.view(U * w.kv_heads, R * groups, T0) @ Vp).view(U, w.kv_heads, R, groups, D)[source, :, slot]
+                        + (probs[..., T0:].reshape(N * w.kv_heads, groups, step + 1) @ Vg).view(N, w.kv_heads, groups, D))
+            attn = attn.reshape(N, w.heads, S, D).transpose(1, 2).reshape(N, S, -1)  # (N, S, heads * D)
             x = x + attn @ layer["o"]
             h = _rms_norm(x, layer["norm2"], w.eps)
             gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
@@ -213,55 +259,48 @@ class EnginePolicy:
 
     # --- the cache: which rows hold which sequences ----------------------------------------------
 
-    def _place(self, prompts: list[list[int]], width: int, rows: int) -> list[int]:
-        """Make a fresh cache of ``rows`` rows and give its row r to ``prompts[r]``, copying the keys of the
-        sequence it extends (if the last call left one). Returns how many tokens of each prompt are cached."""
-        w, L = self.w, len(self.w.layers)
-        reused, sources = [], []
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` in the reused storage called ``name`` (grown when too small). It holds
+        whatever was there before: the callers write every element they read."""
+        size = math.prod(shape)
+        storage = self._storage.get(name)
+        if storage is None or storage.numel() < size or storage.dtype != self.w.embed.dtype:
+            storage = self._storage[name] = torch.empty(size, dtype=self.w.embed.dtype, device=self.device)
+        return storage[:size].view(shape)
+
+    def _place(self, prompts: list[list[int]], width: int) -> list[int]:
+        """Make this call's prompt part, a row of ``width`` columns for each of ``prompts``: the keys of the
+        sequence it extends (if the last call left one) copied from the last call's two parts, zeros past the
+        prompt's end (masked, but read: they must be finite, as 0 x NaN is NaN). Returns how many tokens of
+        each prompt are cached."""
+        w = self.w
+        old_prompt, old_gen, old_len = self.prompt_kv, self.gen_kv, self.prompt_len
+        self.prompt_storage = "prompt_b" if self.prompt_storage == "prompt_a" else "prompt_a"  # not the old one's
+        new = self._buffer(self.prompt_storage, (2, len(w.layers), len(prompts), w.kv_heads, width, w.head_dim))
         by_length = sorted({len(key) for key in self.cached}, reverse=True)
-        for prompt in prompts:
+        reused = []
+        for r, prompt in enumerate(prompts):
             hit = next((self.cached[key] for n in by_length if n <= len(prompt)
                         and (key := tuple(prompt[:n])) in self.cached), None)
-            # a prompt equal to a cached sequence still needs its last token fed (its logits are the next turn's)
-            reused.append(0 if hit is None else min(hit[1], len(prompt) - 1))
-            sources.append(-1 if hit is None else hit[0])
-        new_k, new_v = self._spare_buffer(rows, width)
-        source = torch.tensor(sources, device=self.device)
-        if self.cache_k is not None and bool((source >= 0).any()):
-            to, frm = (source >= 0).nonzero().squeeze(-1), source[source >= 0]
-            span = min(width, max(reused) + 1)
-            new_k[:, to, :, :span] = self.cache_k[:, frm, :, :span]
-            new_v[:, to, :, :span] = self.cache_v[:, frm, :, :span]
-        self.cache_k, self.cache_v = new_k, new_v
+            n = 0
+            if hit is not None:
+                row, have, source = hit
+                n = min(have, len(prompt) - 1)  # a prompt equal to a cached sequence still feeds its last token
+                head = min(n, int(old_len[source]))
+                new[:, :, r, :, :head] = old_prompt[:, :, source, :, :head]  # the last call's prompt ...
+                new[:, :, r, :, head:n] = old_gen[:, :, row, :, : n - head]  # ... and what that row generated
+            new[:, :, r, :, len(prompt):] = 0
+            reused.append(n)
+        self.prompt_kv = new
         return reused
 
-    def _spare_buffer(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key and value buffers ``(layers, rows, kv_heads, width, head_dim)`` for the next call's cache: views
-        into whichever of two reused allocations the current cache is not in (grown when too small). Made with
-        zeros and afterwards only ever written with keys and values, they hold finite numbers everywhere:
-        masked positions get probability 0, and 0 times a finite value is 0."""
-        w = self.w
-        busy = None if self.cache_k is None else self.cache_k.untyped_storage().data_ptr()
-        spare = next((i for i, (k, _) in enumerate(self._buffers) if k.untyped_storage().data_ptr() != busy), None)
-        if spare is None or self._buffers[spare][0].shape[1] < rows or self._buffers[spare][0].shape[3] < width:
-            old_rows, old_width = (self._buffers[spare][0].shape[1], self._buffers[spare][0].shape[3]) if spare is not None else (0, 0)
-            shape = (len(w.layers), max(rows, old_rows), w.kv_heads, max(width, old_width), w.head_dim)
-            fresh = (torch.zeros(shape, dtype=w.embed.dtype, device=self.device),
-                     torch.zeros(shape, dtype=w.embed.dtype, device=self.device))
-            if spare is None:
-                self._buffers.append(fresh)
-                spare = len(self._buffers) - 1
-            else:
-                self._buffers[spare] = fresh
-        k, v = self._buffers[spare]
-        return k[:, :rows, :, :width], v[:, :rows, :, :width]
-
-    def _move_rows(self, to: torch.Tensor, frm: torch.Tensor, span: int) -> None:
-        """Copy cache rows ``frm`` to rows ``to``, their first ``span`` positions (a swap when ``to`` is ``frm``
-        reordered: the rows are read before any is written)."""
-        for cache in (self.cache_k, self.cache_v):
-            used = cache[:, :, :, :span]
-            used.index_copy_(1, to, used.index_select(1, frm))
+    def _move_rows(self, to: torch.Tensor, frm: torch.Tensor, generated: int) -> None:
+        """Copy rows ``frm`` of the generated part (its first ``generated`` columns) to rows ``to``, with their
+        prompt rows and slots; a swap when ``to`` is ``frm`` reordered: the rows are read before any is written."""
+        used = self.gen_kv[:, :, :, :, :generated]
+        used.index_copy_(2, to, used.index_select(2, frm))
+        for t in (self.source, self.slot):
+            t[to] = t[frm]
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -269,47 +308,44 @@ class EnginePolicy:
         if not prompts:
             return []
         generator, stop_ids = start_sampling(prompts, params, self.device)
-        # The cache holds the longest prompt and its continuation, up to the model's positions; a row that
-        # reaches the last position ends there ("length"), as its own budget would have cut it (the rollout
-        # gives each row at most what is left of max_total_tokens, and the batch the largest of those).
+        # A row that reaches the model's last position ends there ("length"), as its own budget would have cut
+        # it (the rollout gives each row at most what is left of max_total_tokens, and the batch the largest of those).
         positions, longest = self.w.cos.shape[0], max(len(p) for p in prompts)
         if longest >= positions:
             raise ValueError(f"a prompt of {longest} tokens leaves no room in the model's {positions} positions")
-        width = min(longest + params.max_new_tokens, positions)
-        B = len(prompts)
+        B, w = len(prompts), self.w
         # Identical prompts (the G samples of a task share their first prompt, and often their first turns)
-        # are computed once: their first copies take the front rows of the cache, the repeats the rest.
-        first_of: dict[tuple, int] = {}
-        for i, prompt in enumerate(prompts):
-            first_of.setdefault(tuple(prompt), i)
-        unique = list(first_of.values())
-        repeats = [i for i, prompt in enumerate(prompts) if first_of[tuple(prompt)] != i]
-        layout = unique + repeats  # cache row r holds prompts[layout[r]]
-        cached_tokens = self._place([prompts[i] for i in unique], width, rows=B)
+        # get one row of the prompt part, computed once and read once per step for all of them.
+        row_of: dict[tuple, int] = {}
+        source, slot = [], []
+        for prompt in prompts:
+            source.append(row_of.setdefault(tuple(prompt), len(row_of)))
+            slot.append(source.count(source[-1]) - 1)
+        unique = [list(p) for p in row_of]  # in order of first appearance: prompt row u holds unique[u]
+        cached_tokens = self._place(unique, width=longest)
 
         # Prefill the unique prompts: each one's tokens not in the cache, right-padded.   (U, S)
-        fresh = [prompts[i][n:] for i, n in zip(unique, cached_tokens)]
+        fresh = [p[n:] for p, n in zip(unique, cached_tokens)]
         S = max(len(f) for f in fresh)
         new = torch.tensor([f + [0] * (S - len(f)) for f in fresh], dtype=torch.long, device=self.device)
         counts = torch.tensor([len(f) for f in fresh], device=self.device)
-        lengths = torch.tensor(cached_tokens, device=self.device) + counts  # (U,) keys in the cache of each row
-        logits = self._forward(new, lengths - counts, counts)  # (U, V)
-        if repeats:  # copy the first copy's keys, values and logits to each repeat
-            row_of = {i: r for r, i in enumerate(unique)}
-            copied = torch.tensor([row_of[first_of[tuple(prompts[i])]] for i in repeats], device=self.device)
-            for cache in (self.cache_k, self.cache_v):
-                cache[:, len(unique):] = cache[:, copied]
-            logits, lengths = torch.cat([logits, logits[copied]]), torch.cat([lengths, lengths[copied]])
-        order = torch.tensor(layout, device=self.device)  # (L,) cache row r holds the live row of prompts[order[r]]
-        finished: dict[int, tuple[int, int]] = {}  # prompt -> (cache row, cached tokens), as rows finish
+        self.prompt_len = torch.tensor(cached_tokens, device=self.device) + counts  # (U,)
+        logits = self._forward(new, self.prompt_len - counts, counts)  # (U, V)
+        self.source = torch.tensor(source, device=self.device)  # (B,) in the prompts' order to begin with
+        self.slot = torch.tensor(slot, device=self.device)
+        logits, lengths = logits[self.source], self.prompt_len[self.source]  # (B, V), (B,)
+        # the generated part: a column for every token fed back (all but the last one sampled)
+        self.gen_kv = self._buffer("generated", (2, len(w.layers), B, w.kv_heads, params.max_new_tokens - 1, w.head_dim))
+        order = torch.arange(B, device=self.device)  # (L,) row r of the generated part belongs to prompts[order[r]]
+        finished: dict[int, tuple[int, int, int]] = {}  # prompt -> (row, cached tokens, prompt row), as rows finish
 
         sampled = Continuations(B)
         for step in range(params.max_new_tokens):
             # Sample in the prompts' order (as HFPolicy does), so a seed gives the same draws.
             by_prompt = order.argsort()
             token, logprob = sample_next(logits[by_prompt], params.temperature, params.top_p, generator)
-            token, logprob = token[by_prompt.argsort()], logprob[by_prompt.argsort()]  # back to cache-row order
-            stopped = sampled.add(order, token, logprob, stop_ids) | (lengths + 1 >= width)  # (L,): a stop token, or the cache is full
+            token, logprob = token[by_prompt.argsort()], logprob[by_prompt.argsort()]  # back to row order
+            stopped = sampled.add(order, token, logprob, stop_ids) | (lengths + 1 >= positions)  # (L,): a stop token, or no position left
             if step == params.max_new_tokens - 1 or bool(stopped.all()):
                 break
             if bool(stopped.any()):  # finished rows move behind the live ones (their keys are kept for the next turn)
@@ -317,20 +353,22 @@ class EnginePolicy:
                 holes = stopped[:live].nonzero().squeeze(-1)  # finished rows in the front part
                 movers = (~stopped[live:]).nonzero().squeeze(-1) + live  # live rows in the back part
                 to, frm = torch.cat([holes, movers]), torch.cat([movers, holes])
-                self._move_rows(to, frm, span=int(lengths.max()))
+                self._move_rows(to, frm, generated=step)
                 for t in (order, lengths, token):
                     t[to] = t[frm]
-                retire(finished, order[live:], lengths[live:], first_row=live)
+                self._retire(finished, order[live:], lengths[live:], first_row=live)
                 order, lengths, token = order[:live], lengths[:live], token[:live]
-            logits = self._forward(token[:, None], lengths, torch.ones_like(lengths))  # (L, V): one new token per row
+            logits = self._forward(token[:, None], lengths, torch.ones_like(lengths), step)  # (L, V): one new token per row
             lengths = lengths + 1
-        retire(finished, order, lengths, first_row=0)
+        self._retire(finished, order, lengths, first_row=0)
         self.cached = {tuple(prompts[p] + sampled.tokens[p]): where for p, where in finished.items()}
         return sampled.generations()
 
-
-def retire(finished: dict[int, tuple[int, int]], order: torch.Tensor, lengths: torch.Tensor, first_row: int) -> None:
-    """Note in ``finished`` where the rows of prompts ``order`` ended: cache rows ``first_row, first_row + 1, ...``,
-    with ``lengths`` tokens' keys in them (every token but the last sampled one)."""
-    for i, (prompt, n) in enumerate(zip(order.tolist(), lengths.tolist())):
-        finished[prompt] = (first_row + i, n)
+    def _retire(self, finished: dict[int, tuple[int, int, int]], order: torch.Tensor, lengths: torch.Tensor,
+                first_row: int) -> None:
+        """Note in ``finished`` where the rows of prompts ``order`` ended: rows ``first_row, first_row + 1, ...``
+        of the generated part, with ``lengths`` tokens' keys in the two parts (every token but the last sampled
+        one), and their prompt rows."""
+        sources = self.source[first_row : first_row + len(order)].tolist()
+        for i, (prompt, n, source) in enumerate(zip(order.tolist(), lengths.tolist(), sources)):
+            finished[prompt] = (first_row + i, n, source)
