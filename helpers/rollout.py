@@ -49,12 +49,14 @@ messages (and the tools), for two reasons: the template only appends, rendering 
 message from the message itself and the role of the one before it (here always the
 assistant's); and ``<|im_end|>`` is a special token, which the tokenizer never merges
 with its neighbours, so the tokens after it depend only on the text after it. So the
-first episode that meets an observation computes its suffix the full way above, with the
-checks (the template only appends; the rendered conversation is the episode's tokens,
-when the episode has not drifted), and the episodes that meet the same observation later
-reuse those tokens unchecked. A template that looked further back would pass a key's
-first check and could be wrong on a later hit; ``tests/test_rollout_tokens.py`` renders
-every world's finished episodes from scratch and compares them token for token.
+first observation of a call has its suffix computed the full way above, with the checks
+(the template only appends; the rendered conversation is the episode's tokens, when the
+episode has not drifted), and again from the assistant turn before it alone; when the two
+agree, every later distinct observation of the call is rendered from that short context
+(its own messages and the turn before them), and the episodes that meet the same
+observation later reuse those tokens. A template that looked further back would pass
+the first check and could be wrong later; ``tests/test_rollout_tokens.py`` renders every
+world's finished episodes from scratch and compares them token for token.
 
 When an episode ends (``stop_reason``):
 
@@ -247,6 +249,7 @@ class TemplateMemo:
         self.tokenizer = tokenizer
         self.prompts: dict[str, list[int]] = {}  # (messages, tools) -> prompt tokens
         self.suffixes: dict[str, list[int]] = {}  # (new messages, tools) -> observation tokens
+        self.short_is_exact: bool | None = None  # does the short render give the full one's tokens? (None: not yet seen)
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         key = memo_key(messages, tools)
@@ -257,10 +260,20 @@ class TemplateMemo:
     def observation(
         self, messages: list[dict], new_messages: list[dict], tools: list[dict] | None, tokens_so_far: list[int] | None
     ) -> list[int]:
-        """``observation_tokens``: computed, with its checks, the first time ``new_messages`` are seen."""
+        """``observation_tokens``, computed the first time ``new_messages`` are seen. The call's first observation
+        is rendered the full way, with its checks, and also from a short conversation: the assistant turn
+        before it and the new messages, without the tools. Where the two agree (the suffix depends only on
+        the new messages and the role before them: module docstring), every later observation of the call
+        is rendered the short way (a few messages instead of the whole conversation and the tools' schemas)."""
         key = memo_key(new_messages, tools)
         if key not in self.suffixes:
-            self.suffixes[key] = observation_tokens(self.tokenizer, messages, new_messages, tools, tokens_so_far)
+            if self.short_is_exact:
+                self.suffixes[key] = observation_tokens(self.tokenizer, messages[-1:], new_messages, None)
+            else:
+                self.suffixes[key] = observation_tokens(self.tokenizer, messages, new_messages, tools, tokens_so_far)
+                if self.short_is_exact is None:
+                    short = observation_tokens(self.tokenizer, messages[-1:], new_messages, None)
+                    self.short_is_exact = short == self.suffixes[key]
         return self.suffixes[key]
 
 

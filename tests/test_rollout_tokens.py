@@ -78,3 +78,20 @@ def test_episode_tokens_are_the_templates_tokens_of_the_final_conversation(world
         assert traj.token_ids == ids[:T], (world, traj.task_id, traj.group)
         assert tokenizer.decode(ids[T:]) == "\n"
     assert trajs.stats.retokenize_drift == 0
+
+
+def test_a_template_that_looks_further_back_is_rendered_the_full_way():
+    """The short render of an observation (the turn before it alone) is used only where the call's first
+    observation shows it gives the full render's tokens. A template that numbers the messages fails that
+    check, and the whole conversation is rendered for every observation: the tokens stay the template's."""
+    tokenizer = load_tokenizer("data/tiny")
+    numbered = "'\\n<tool_response ' + (loop.index0 | string) + '>\\n' + message.content"
+    assert "'\\n<tool_response>\\n' + message.content" in tokenizer.chat_template
+    tokenizer.chat_template = tokenizer.chat_template.replace("'\\n<tool_response>\\n' + message.content", numbered)
+    make = lambda: make_env("calculator", max_steps=3)  # noqa: E731
+    trajs = rollout(load_dataset("tiny", "test", 2, seed=0), make, ScriptedPolicy(tokenizer, [CALL, OOPS, ANSWER]),
+                    group_size=2, max_steps=3, max_total_tokens=4096, progress=False)
+    tools = make().tools
+    for traj in trajs:
+        assert traj.turns == 3 and "<tool_response 3>" in tokenizer.decode(traj.token_ids)
+        assert traj.token_ids == render(tokenizer, traj.messages, tools, add_generation_prompt=False)[: len(traj.token_ids)]
