@@ -38,7 +38,7 @@ the way vLLM does, at the scale of one file:
 
 Sampling is ``helpers.policy.hf.sample_next`` over the live rows in their original order, so with
 the same seed the engine draws the same tokens as ``HFPolicy`` and reports the same log-probs (the
-log-probs agree to float rounding, ~1e-6; ``tests/test_engine.py`` checks both on multi-turn episodes).
+log-probs agree to float rounding, a few 1e-6; ``tests/test_engine.py`` checks both on multi-turn episodes).
 
 Simplifications, named:
 
