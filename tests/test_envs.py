@@ -2,8 +2,8 @@
 
 import json
 import os
-import time
 import threading
+import time
 
 import pytest
 

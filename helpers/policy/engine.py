@@ -58,6 +58,7 @@ Simplifications, named:
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -177,6 +178,7 @@ class EnginePolicy:
         self.prompt_len = None  # (U,) tokens of each prompt row
         self.gen_kv = None  # (2, layers, rows, kv_heads, new tokens, head_dim): what each row generated
         self.source = self.slot = None  # (rows,) each row's prompt row, and its place among the rows sharing it
+        self.sharing = 0  # the most rows sharing one prompt row: the grid's width R in ``_forward``
         self.prompt_storage = "prompt_a"  # the storage of the prompt part (the next call's goes into the other)
         self.cached: dict[tuple, tuple[int, int, int]] = {}  # token sequence -> (cache row, tokens whose keys are there, its prompt row)
 
@@ -210,7 +212,7 @@ class EnginePolicy:
             source, slot = self.source[:N], self.slot[:N]  # (N,), (N,)
             hidden = (columns[None, :] >= self.prompt_len[source, None])[:, None, :]  # (N, 1, T0): the prompt's padding
             # the rows sharing a prompt side by side: row n at (source[n], slot[n]) of a (U, R) grid, the rest zeros
-            R = int(self.slot.max()) + 1
+            R = self.sharing
             q_grid = torch.zeros(U, w.kv_heads, R, groups, D, dtype=w.embed.dtype, device=new.device)
             p_grid = torch.zeros(U, w.kv_heads, R, groups, T0, dtype=w.embed.dtype, device=new.device)
         mask = torch.zeros(hidden.shape, dtype=w.embed.dtype, device=new.device).masked_fill(hidden, float("-inf"))
@@ -317,10 +319,11 @@ class EnginePolicy:
         # Identical prompts (the G samples of a task share their first prompt, and often their first turns)
         # get one row of the prompt part, computed once and read once per step for all of them.
         row_of: dict[tuple, int] = {}
-        source, slot = [], []
+        source, slot, taken = [], [], Counter()
         for prompt in prompts:
             source.append(row_of.setdefault(tuple(prompt), len(row_of)))
-            slot.append(source.count(source[-1]) - 1)
+            slot.append(taken[source[-1]])
+            taken[source[-1]] += 1
         unique = [list(p) for p in row_of]  # in order of first appearance: prompt row u holds unique[u]
         cached_tokens = self._place(unique, width=longest)
 
@@ -333,6 +336,7 @@ class EnginePolicy:
         logits = self._forward(new, self.prompt_len - counts, counts)  # (U, V)
         self.source = torch.tensor(source, device=self.device)  # (B,) in the prompts' order to begin with
         self.slot = torch.tensor(slot, device=self.device)
+        self.sharing = max(taken.values())
         logits, lengths = logits[self.source], self.prompt_len[self.source]  # (B, V), (B,)
         # the generated part: a column for every token fed back (all but the last one sampled)
         self.gen_kv = self._buffer("generated", (2, len(w.layers), B, w.kv_heads, params.max_new_tokens - 1, w.head_dim))
