@@ -16,6 +16,8 @@
 #    Qwen2.5-1.5B and 0.5B built from their shipped config.json with random weights (no download):
 #    scripts/gpu_memory_check.py, one table of planned vs measured GiB, seconds per update, tokens/s.
 #    On a CPU it runs the same code on a 1-layer model and a small batch (the code path, not the memory).
+# Where vLLM cannot be imported (a GPU image with torch alone and no network), 1 runs transformers only and 2 is
+# skipped; the rest runs, and gpu_check.json says what was skipped and why.
 # Writes gpu_check.json and memory_check.json under --out (default: $OUT, else runs/gpu_check); beside
 # them: the runs' folders, the test log and the Python it ran (gpu_check_run.py).
 #
@@ -47,14 +49,26 @@ for b in ${BACKENDS//,/ }; do
   [[ "$b" == hf || "$b" == vllm ]] || { echo "--backends: unknown backend $b (choose from hf,vllm)" >&2; exit 2; }
 done
 mkdir -p "$OUT_DIR"
-export DEVICE STEPS BACKENDS OUT_DIR
+# The interpreter that holds torch: a venv's `python`; some GPU images have only `python3`.
+PY=$(command -v python || command -v python3) || { echo "gpu_check.sh: no python or python3 on PATH" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "nvidia-smi: not available"
+
+# A machine without vLLM (a GPU image with torch alone, and no network to install vLLM's GBs of wheels) still
+# checks the rest: the vLLM backend and the parity tests are skipped, and gpu_check.json says why.
+VLLM_SKIPPED=""
+if [[ ",$BACKENDS," == *,vllm,* || "$TESTS" == 1 ]] && ! "$PY" -c "import vllm" >/dev/null 2>&1; then
+  VLLM_SKIPPED="vLLM is not importable here (pip install -e '.[gpu]' on a CUDA machine): its backend and parity tests are skipped"
+  echo "$VLLM_SKIPPED"
+  BACKENDS=$(tr ',' '\n' <<< "$BACKENDS" | grep -vx vllm | paste -sd, -) || true
+  TESTS=0
+fi
+export DEVICE STEPS BACKENDS OUT_DIR VLLM_SKIPPED
 
 # --- 2. the parity tests on this device (run first: a failure here explains a strange number below) ---
 TESTS_RC=skipped
 if [[ "$TESTS" == 1 ]]; then
   set +e
-  timeout 420 python -m pytest tests/test_vllm_engine.py -q -rA -p no:cacheprovider -o addopts="" > "$OUT_DIR/parity_tests.log" 2>&1
+  timeout 420 "$PY" -m pytest tests/test_vllm_engine.py -q -rA -p no:cacheprovider -o addopts="" > "$OUT_DIR/parity_tests.log" 2>&1
   TESTS_RC=$?
   set -e
   tail -n 5 "$OUT_DIR/parity_tests.log"
@@ -113,7 +127,9 @@ def main():
 
     record = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "gpu_gib": gpu_gb, "dtype": dtype,
               "vllm_dtype": vllm_dtype or dtype, "torch": torch.__version__, "backends": {}}
-    for backend in os.environ["BACKENDS"].split(","):
+    if os.environ["VLLM_SKIPPED"]:
+        record["skipped"] = {"vllm": os.environ["VLLM_SKIPPED"]}
+    for backend in filter(None, os.environ["BACKENDS"].split(",")):
         config = get_preset("tiny-cpu", device=device, dtype=dtype, vllm_dtype=vllm_dtype, backend=backend,
                             steps=int(os.environ["STEPS"]), eval_every=0, eval_tasks=32, pass_k=0, save_every=0,
                             vllm_gpu_memory_utilization=0.15, out_dir=str(out / f"run-{backend}"))
@@ -146,23 +162,25 @@ def main():
         }
 
     tests_rc = os.environ["TESTS_RC"]
-    record["parity_tests"] = {"exit_code": tests_rc if tests_rc == "skipped" else int(tests_rc),
-                              "log": str(out / "parity_tests.log")}
+    record["parity_tests"] = {"exit_code": tests_rc}
     if tests_rc != "skipped":
-        record["parity_tests"]["tail"] = (out / "parity_tests.log").read_text().splitlines()[-15:]
+        log = out / "parity_tests.log"
+        record["parity_tests"] = {"exit_code": int(tests_rc), "log": str(log), "tail": log.read_text().splitlines()[-15:]}
     (out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str))
     print(json.dumps({k: v for k, v in record.items() if k != "backends"}, indent=2, default=str))
     for backend, r in record["backends"].items():
         print(f"{backend:>5}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
               f"peak: trainer {r['trainer_peak_reserved_gib']} GiB, card {r['card_peak_used_gib']} GiB, "
               f"plan {r['predicted_peak_gib']:.2f} GiB")
+    for name, why in record.get("skipped", {}).items():
+        print(f"{name:>5}: skipped ({why})")
     print(f"wrote {out / 'gpu_check.json'}")
 
 
 if __name__ == "__main__":  # vLLM starts its engine processes by spawning: they re-import this file
     main()
 PY
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "$OUT_DIR/gpu_check_run.py"  # helpers from this clone
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$OUT_DIR/gpu_check_run.py"  # helpers from this clone
 
 # --- 3. the memory plan against real GRPO updates on Qwen2.5's shapes (random weights) ---
 if [[ "$DEVICE" == cuda ]]; then
@@ -170,5 +188,5 @@ if [[ "$DEVICE" == cuda ]]; then
 else  # the code path on a 1-layer model: one preset, one update
   MEMORY_ARGS=(--presets gsm8k-t4-tools --updates 1)
 fi
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python scripts/gpu_memory_check.py --device "$DEVICE" "${MEMORY_ARGS[@]}" \
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" scripts/gpu_memory_check.py --device "$DEVICE" "${MEMORY_ARGS[@]}" \
   --out "$OUT_DIR/memory_check.json"
