@@ -16,8 +16,8 @@ from helpers.rollout import load_trajectories
 from helpers.train import main as train_main
 from helpers.worlds.bfcl import official
 from helpers.worlds.bfcl.env import member_config, multiturn_class
-from helpers.worlds.bfcl.tasks import (MULTI_TURN, NO_CALL, SUPPORTED, UNSATISFIABLE, broken_result, load_category, reference_result,
-                                       tool_call_text)
+from helpers.worlds.bfcl.tasks import (LEAVE_OUT, MULTI_TURN, NO_CALL, SUPPORTED, UNSATISFIABLE, broken_result, chosen,
+                                       load_category, reference_result, tool_call_text)
 
 
 def write_results(folder, make) -> dict[str, list[dict]]:
@@ -45,6 +45,16 @@ def test_the_ground_truth_scores_100_percent_and_bfcl_evaluate_agrees(tmp_path, 
     theirs = official.bfcl_evaluate(results)  # BFCL's own command line, offline, on the same files
     assert {c: {k: s[k] for k in ("accuracy", "correct_count", "total_count")} for c, s in ours.items()} == theirs
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["categories"] == ours
+
+
+def test_the_ground_truth_writer_tells_left_out_from_empty_and_null():
+    """BFCL's possible answers mark "may be left out" with ""; None (null) is a value. live_multiple_507-149-4 needs a
+    required "" written, live_multiple_1038-265-0 a null written (both were once left out, and failed)."""
+    assert chosen(["", "Economy"]) == "Economy"
+    assert chosen([""]) is LEAVE_OUT and chosen([""], required=True) == ""
+    assert chosen([None]) is None and chosen([None], required=True) is None
+    assert chosen(["", "x"], documented=False) is LEAVE_OUT  # a parameter the doc lacks: written, it is "unexpected"
+    assert chosen([]) is LEAVE_OUT
 
 
 def test_an_obviously_broken_answers_file_scores_0_and_bfcl_evaluate_agrees(tmp_path):

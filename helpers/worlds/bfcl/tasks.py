@@ -30,7 +30,7 @@ those, the set one env class hosts (TRL's contract: an env class has one set of 
 
 Categories: ``SUPPORTED`` (BFCL's names; ``simple_python`` is the "simple" category): each one's ground
 truth, written as model output by ``reference_result``, scores 100 % through BFCL's own checker
-(tests/test_bfcl.py), but for six entries of live_simple (2 of 258) and live_multiple (4 of 1053) whose
+(tests/test_bfcl.py), but for four entries of live_simple (2 of 258) and live_multiple (2 of 1053) whose
 possible answers contradict their own function docs, so that no output can pass them (``UNSATISFIABLE``). Left out: ``simple_java`` and ``simple_javascript`` (their answers are Java and
 JavaScript values, which the workbook's models are not asked to write), the memory and web-search
 categories (agentic: they need sentence-transformers and torch in BFCL's environment, or the network),
@@ -55,12 +55,10 @@ SUPPORTED = SINGLE_TURN + MULTI_TURN
 # Entries whose possible answer no output can match: BFCL's own data contradicts its function doc there
 # (tests/test_bfcl.py checks that exactly these fail when the ground truth is written as model output).
 UNSATISFIABLE = {
-    "live_simple_106-63-0": "the dict argument 'record' requires keys ('auto_loan_payment_start', ...) whose acceptable values are []",
-    "live_simple_112-68-0": "the dict argument 'record' requires keys ('acc_routing_start', ...) whose acceptable values are []",
-    "live_multiple_507-149-4": "the required 'origin_airport' has only '' (left out) as acceptable value",
+    "live_simple_106-63-0": "required 'auto_loan_payment_start' and 'bank_hours_start' have no acceptable value (an empty list; [] fails the type check)",
+    "live_simple_112-68-0": "required 'acc_routing_start' and four more have no acceptable value (an empty list; [] fails the type check)",
     "live_multiple_862-181-3": "the answer has 'journey_start_time', which the function's doc does not have",
     "live_multiple_964-207-0": "the answer names 'question'; the function's one (required) parameter is 'statement'",
-    "live_multiple_1038-265-0": "'start_date' may only be left out, but the doc marks it required",
 }
 
 # QwenFCHandler._format_prompt's words around the function docs (bfcl_eval/model_handler/local_inference/qwen_fc.py)
@@ -150,12 +148,19 @@ def bfcl_splits_dataset(member: str, split: str, n: int | None, seed: int) -> li
 # --- BFCL's ground truth, written as model output -----------------------------------------------
 
 
-def chosen(options: list, may_omit: bool = False):
-    """The first of a possible answer's acceptable values that is not ``""`` (BFCL's mark for "may be left
-    out"); None (leave it out) when there is none, or when ``may_omit`` and ``""`` is among them."""
-    if may_omit and "" in options:
-        return None
-    return next((option for option in options if option != ""), None)
+LEAVE_OUT = object()  # what ``chosen`` returns for a parameter the model does not write
+
+
+def chosen(options: list, documented: bool = True, required: bool = False):
+    """What a model writing the ground truth gives for a parameter whose acceptable values are ``options``:
+    the first that is not ``""`` (BFCL's mark for "may be left out"; None, JSON's null, is a value like any
+    other); ``LEAVE_OUT`` when there is none, or when ``""`` is acceptable and the function doc lacks the
+    parameter (written, it would be "unexpected"); but ``""`` itself when it is the only acceptable value and the
+    doc requires the parameter (left out, it would be "missing")."""
+    if "" in options and not documented:
+        return LEAVE_OUT
+    value = next((option for option in options if option != ""), LEAVE_OUT)
+    return "" if value is LEAVE_OUT and "" in options and required else value
 
 
 def concrete(value):
@@ -163,7 +168,7 @@ def concrete(value):
     values per key, one level deep (what BFCL's dict_checker and list_dict_checker read); the rest is literal."""
     if isinstance(value, dict):
         picked = {key: chosen(options) if isinstance(options, list) else options for key, options in value.items()}
-        return {key: item for key, item in picked.items() if item is not None}
+        return {key: item for key, item in picked.items() if item is not LEAVE_OUT}
     if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
         return [concrete(item) for item in value]
     return value
@@ -198,12 +203,14 @@ def reference_result(task: Task) -> object:
     if is_multi_turn(category):
         signatures = simulator_signatures()
         return [[tool_call_text([parse_call(call, signatures) for call in turn])] if turn else [NO_CALL] for turn in truth]
-    documented = {function["name"]: function["parameters"].get("properties", {}) for function in task.metadata["entry"]["function"]}
+    docs = {function["name"]: function["parameters"] for function in task.metadata["entry"]["function"]}
     calls = []
     for call in truth:
         for name, arguments in call.items():
-            values = {key: chosen(options, may_omit=key not in documented.get(name, {})) for key, options in arguments.items()}
-            calls.append((name, {key: concrete(value) for key, value in values.items() if value is not None}))
+            doc = docs.get(name, {})
+            values = {key: chosen(options, documented=key in doc.get("properties", {}), required=key in doc.get("required", []))
+                      for key, options in arguments.items()}
+            calls.append((name, {key: concrete(value) for key, value in values.items() if value is not LEAVE_OUT}))
     return tool_call_text(calls)
 
 
