@@ -4,7 +4,7 @@
 #     bash scripts/gpu_check.sh                                    # on a machine with a CUDA GPU
 #     bash scripts/gpu_check.sh --device cpu --steps 2 --backends hf --no-tests   # a CPU: the plumbing only
 #
-# 1. The tiny world's training run with each backend (transformers, then vLLM), bf16 where the
+# 1. The tiny world's training run with each backend (transformers, the workbook's engine, vLLM), bf16 where the
 #    card has it (else the trainer in float32 and vLLM in float16, as the T4 preset does): the
 #    median step time (rollout, update) and the peak memory, beside helpers.memory's prediction
 #    for the same config. Two peaks are measured: the trainer process's own (torch's
@@ -24,14 +24,14 @@
 # Options:
 #   --device cuda|cpu     where to run (default cuda; cpu checks the plumbing, in float32)
 #   --steps N             training steps per backend (default 10; the first is warm-up, not timed)
-#   --backends LIST       comma-separated, from hf,vllm (default hf,vllm)
+#   --backends LIST       comma-separated, from hf,engine,vllm (default hf,engine,vllm)
 #   --no-tests            skip the parity tests
 #   --out DIR             output folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-DEVICE=cuda STEPS=10 BACKENDS=hf,vllm TESTS=1 OUT_DIR="${OUT:-runs/gpu_check}"
+DEVICE=cuda STEPS=10 BACKENDS=hf,engine,vllm TESTS=1 OUT_DIR="${OUT:-runs/gpu_check}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) DEVICE="${2:?--device needs a value}"; shift 2 ;;
@@ -46,7 +46,7 @@ done
 [[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { echo "--device must be cuda or cpu, got $DEVICE" >&2; exit 2; }
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 2 ]] || { echo "--steps must be an integer >= 2, got $STEPS" >&2; exit 2; }
 for b in ${BACKENDS//,/ }; do
-  [[ "$b" == hf || "$b" == vllm ]] || { echo "--backends: unknown backend $b (choose from hf,vllm)" >&2; exit 2; }
+  [[ "$b" == hf || "$b" == engine || "$b" == vllm ]] || { echo "--backends: unknown backend $b (choose from hf,engine,vllm)" >&2; exit 2; }
 done
 mkdir -p "$OUT_DIR"
 # The interpreter that holds torch: a venv's `python`; some GPU images have only `python3`.
@@ -78,7 +78,7 @@ export TESTS_RC
 # --- 1. the tiny world with each backend; then everything into gpu_check.json ---
 # A file, not `python -`: vLLM spawns its engine processes, and spawning re-imports the main script by path.
 cat > "$OUT_DIR/gpu_check_run.py" <<'PY'
-import json, os, statistics, time
+import json, os, statistics, time, traceback
 from pathlib import Path
 
 import torch
@@ -140,7 +140,12 @@ def main():
             torch.cuda.reset_peak_memory_stats()
         card = CardMemory(on_gpu)
         t0 = time.perf_counter()
-        result = train(config, preset_name=f"gpu-check-{backend}", live=card)
+        try:
+            result = train(config, preset_name=f"gpu-check-{backend}", live=card)
+        except Exception as error:  # one backend's failure must not cost the others' (or the memory check's) numbers
+            traceback.print_exc()
+            record["backends"][backend] = {"error": repr(error), "traceback": traceback.format_exc()[-4000:]}
+            continue
         wall = time.perf_counter() - t0
         steps = [m for m in result.history if m["step"] >= 2 and "t_update" in m]  # step 1: warm-up (kernels, allocator)
         record["backends"][backend] = {
@@ -169,18 +174,25 @@ def main():
     (out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str))
     print(json.dumps({k: v for k, v in record.items() if k != "backends"}, indent=2, default=str))
     for backend, r in record["backends"].items():
-        print(f"{backend:>5}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
+        if "error" in r:
+            print(f"{backend:>6}: FAILED ({r['error']})")
+            continue
+        print(f"{backend:>6}: step {r['median_step_s']:.2f} s (rollout {r['median_rollout_s']:.2f}, update {r['median_update_s']:.2f}) | "
               f"peak: trainer {r['trainer_peak_reserved_gib']} GiB, card {r['card_peak_used_gib']} GiB, "
               f"plan {r['predicted_peak_gib']:.2f} GiB")
     for name, why in record.get("skipped", {}).items():
-        print(f"{name:>5}: skipped ({why})")
+        print(f"{name:>6}: skipped ({why})")
     print(f"wrote {out / 'gpu_check.json'}")
+    if any("error" in r for r in record["backends"].values()):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":  # vLLM starts its engine processes by spawning: they re-import this file
     main()
 PY
+set +e  # every part runs whatever an earlier one did; the exit code says whether all of them passed
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$OUT_DIR/gpu_check_run.py"  # helpers from this clone
+BACKENDS_RC=$?
 
 # --- 3. the memory plan against real GRPO updates on Qwen2.5's shapes (random weights) ---
 if [[ "$DEVICE" == cuda ]]; then
@@ -190,3 +202,6 @@ else  # the code path on a 1-layer model: one preset, one update
 fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" scripts/gpu_memory_check.py --device "$DEVICE" "${MEMORY_ARGS[@]}" \
   --out "$OUT_DIR/memory_check.json"
+MEMORY_RC=$?
+echo "gpu_check: parity tests ${TESTS_RC}, tiny-world backends ${BACKENDS_RC}, memory check ${MEMORY_RC} (0: passed)"
+[[ "$BACKENDS_RC" == 0 && "$MEMORY_RC" == 0 && ("$TESTS_RC" == 0 || "$TESTS_RC" == skipped) ]]

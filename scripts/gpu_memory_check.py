@@ -28,10 +28,12 @@ shrinks to 2 episodes of 64 tokens: it checks the code path in seconds, not the 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,6 +134,9 @@ def table(rows: list[dict]) -> str:
 
     lines = [f"{'preset':<18}{'batch':<28}{'plan GiB':>9}{'plan-ctx':>9}{'alloc':>8}{'reserved':>9}{'s/update':>9}{'tok/s':>9}"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['preset']:<18}FAILED: {r['error'][:150]}")
+            continue
         lines.append(f"{r['preset']:<18}{r['batch']:<28}{gib(r['planned_trainer_gib']):>9}{gib(r['planned_without_context_gib']):>9}"
                      f"{gib(r['measured_allocated_gib']):>8}{gib(r['measured_reserved_gib']):>9}{r['seconds_per_update']:>9.2f}"
                      f"{r['tokens_per_s']:>9.0f}")
@@ -149,11 +154,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("no CUDA GPU here: run with --device cpu to check the code path only")
     if args.updates < 1:
         raise SystemExit(f"--updates must be >= 1, got {args.updates}")
+    presets = args.presets.split(",")
+    for preset in presets:  # an unknown name fails here, before any model is built
+        try:
+            get_preset(preset)
+        except KeyError as error:
+            raise SystemExit(error.args[0]) from None
+    rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        rows = [check(p, args.device, args.updates, Path(workdir)) for p in args.presets.split(",")]
+        for preset in presets:
+            try:
+                rows.append(check(preset, args.device, args.updates, Path(workdir)))
+            except Exception as error:  # one preset's failure (an out-of-memory is a finding too) must not cost the others' rows
+                traceback.print_exc()
+                rows.append({"preset": preset, "error": repr(error)})
+            gc.collect()  # the failed preset's model and trainer, held by the traceback until here
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            if args.out:  # after every preset: a run stopped at its time limit keeps the rows it has
+                Path(args.out).write_text(json.dumps(rows, indent=2))
     print(table(rows))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+    if any("error" in r for r in rows):
+        raise SystemExit(1)
     return rows
 
 
