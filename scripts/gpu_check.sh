@@ -16,22 +16,24 @@
 #    Qwen2.5-1.5B and 0.5B built from their shipped config.json with random weights (no download):
 #    scripts/gpu_memory_check.py, one table of planned vs measured GiB, seconds per update, tokens/s.
 #    On a CPU it runs the same code on a 1-layer model and a small batch (the code path, not the memory).
-# Where vLLM cannot be imported (a GPU image with torch alone and no network), 1 runs transformers only and 2 is
+# Where vLLM cannot be imported (a GPU image with torch alone and no network), 1 runs without it and 2 is
 # skipped; the rest runs, and gpu_check.json says what was skipped and why.
-# Writes gpu_check.json and memory_check.json under --out (default: $OUT, else runs/gpu_check); beside
-# them: the runs' folders, the test log and the Python it ran (gpu_check_run.py).
+# Writes four files under --out (default: $OUT, else runs/gpu_check): gpu_check.json, memory_check.json,
+# parity_tests.log and gpu_check.log (all this script printed); the runs' folders and the Python it ran
+# (gpu_check_run.py) go under --runs, so that --out stays a handful of files to bring back from a lent machine.
 #
 # Options:
 #   --device cuda|cpu     where to run (default cuda; cpu checks the plumbing, in float32)
 #   --steps N             training steps per backend (default 10; the first is warm-up, not timed)
 #   --backends LIST       comma-separated, from hf,engine,vllm (default hf,engine,vllm)
 #   --no-tests            skip the parity tests
-#   --out DIR             output folder
+#   --out DIR             where the four files go
+#   --runs DIR            where the runs' folders go (default runs/gpu_check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-DEVICE=cuda STEPS=10 BACKENDS=hf,engine,vllm TESTS=1 OUT_DIR="${OUT:-runs/gpu_check}"
+DEVICE=cuda STEPS=10 BACKENDS=hf,engine,vllm TESTS=1 OUT_DIR="${OUT:-runs/gpu_check}" RUNS_DIR=runs/gpu_check
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) DEVICE="${2:?--device needs a value}"; shift 2 ;;
@@ -39,6 +41,7 @@ while [[ $# -gt 0 ]]; do
     --backends) BACKENDS="${2:?--backends needs a value}"; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --out) OUT_DIR="${2:?--out needs a value}"; shift 2 ;;
+    --runs) RUNS_DIR="${2:?--runs needs a value}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -48,7 +51,8 @@ done
 for b in ${BACKENDS//,/ }; do
   [[ "$b" == hf || "$b" == engine || "$b" == vllm ]] || { echo "--backends: unknown backend $b (choose from hf,engine,vllm)" >&2; exit 2; }
 done
-mkdir -p "$OUT_DIR"
+mkdir -p "$OUT_DIR" "$RUNS_DIR"
+exec > >(tee "$OUT_DIR/gpu_check.log") 2>&1  # the whole output, also where only a tail of it comes back
 # The interpreter that holds torch: a venv's `python`; some GPU images have only `python3`.
 PY=$(command -v python || command -v python3) || { echo "gpu_check.sh: no python or python3 on PATH" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "nvidia-smi: not available"
@@ -62,7 +66,7 @@ if [[ ",$BACKENDS," == *,vllm,* || "$TESTS" == 1 ]] && ! "$PY" -c "import vllm" 
   BACKENDS=$(tr ',' '\n' <<< "$BACKENDS" | grep -vx vllm | paste -sd, -) || true
   TESTS=0
 fi
-export DEVICE STEPS BACKENDS OUT_DIR VLLM_SKIPPED
+export DEVICE STEPS BACKENDS OUT_DIR RUNS_DIR VLLM_SKIPPED
 
 # --- 2. the parity tests on this device (run first: a failure here explains a strange number below) ---
 TESTS_RC=skipped
@@ -77,7 +81,7 @@ export TESTS_RC
 
 # --- 1. the tiny world with each backend; then everything into gpu_check.json ---
 # A file, not `python -`: vLLM spawns its engine processes, and spawning re-imports the main script by path.
-cat > "$OUT_DIR/gpu_check_run.py" <<'PY'
+cat > "$RUNS_DIR/gpu_check_run.py" <<'PY'
 import json, os, statistics, time, traceback
 from pathlib import Path
 
@@ -113,7 +117,7 @@ class CardMemory:
 
 def main():
     show_versions()
-    device, out = os.environ["DEVICE"], Path(os.environ["OUT_DIR"]).resolve()
+    device, out, runs = os.environ["DEVICE"], Path(os.environ["OUT_DIR"]).resolve(), Path(os.environ["RUNS_DIR"]).resolve()
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run with --device cpu to check the plumbing only")
     on_gpu = device == "cuda"
@@ -132,7 +136,7 @@ def main():
     for backend in filter(None, os.environ["BACKENDS"].split(",")):
         config = get_preset("tiny-cpu", device=device, dtype=dtype, vllm_dtype=vllm_dtype, backend=backend,
                             steps=int(os.environ["STEPS"]), eval_every=0, eval_tasks=32, pass_k=0, save_every=0,
-                            vllm_gpu_memory_utilization=0.15, out_dir=str(out / f"run-{backend}"))
+                            vllm_gpu_memory_utilization=0.15, out_dir=str(runs / f"run-{backend}"))
         plan = memory_plan(config, gpu_gb)
         print(plan)
         if on_gpu:
@@ -191,7 +195,7 @@ if __name__ == "__main__":  # vLLM starts its engine processes by spawning: they
     main()
 PY
 set +e  # every part runs whatever an earlier one did; the exit code says whether all of them passed
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$OUT_DIR/gpu_check_run.py"  # helpers from this clone
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$RUNS_DIR/gpu_check_run.py"  # helpers from this clone
 BACKENDS_RC=$?
 
 # --- 3. the memory plan against real GRPO updates on Qwen2.5's shapes (random weights) ---

@@ -24,7 +24,7 @@ def test_gpu_check_cpu_parts_on_a_machine_without_vllm(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(hidden.parent)}
     out = tmp_path / "out"
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--steps", "2", "--out", str(out)],
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--steps", "2", "--out", str(out), "--runs", str(tmp_path / "runs")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())
@@ -32,6 +32,8 @@ def test_gpu_check_cpu_parts_on_a_machine_without_vllm(tmp_path):
     assert all(r["steps"] == 2 and r["median_step_s"] > 0 for r in record["backends"].values())
     assert "vLLM is not importable" in record["skipped"]["vllm"] and record["parity_tests"] == {"exit_code": "skipped"}
     assert "vllm: skipped" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "memory_check.json"]  # a few files to bring back
+    assert "memory check 0" in (out / "gpu_check.log").read_text()  # the whole output is in the log
     (row,) = json.loads((out / "memory_check.json").read_text())
     assert row["preset"] == "gsm8k-t4-tools" and row["measured_allocated_gib"] is None  # a CPU measures no GPU memory
     assert row["seconds_per_update"] > 0 and row["loss"] == row["loss"]  # a real update ran; its loss is a number
