@@ -2,6 +2,8 @@
 same log-probs (to float rounding) for the same seed, over whole multi-turn episodes, with the KV
 cache kept across turns, identical prompts computed once, and a LoRA adapter merged into its weights."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from helpers.config import get_preset
 from helpers.data import load_dataset
 from helpers.grpo import LoRAGRPO
 from helpers.loop import env_factory
+from helpers.mismatch import Mismatch, logprob_mismatch, score, step_batch
 from helpers.policy import EnginePolicy, HFPolicy, SamplingParams, load_model, make_policy
 from helpers.policy.engine import supports
 from helpers.rollout import rollout
@@ -143,3 +146,19 @@ def test_a_row_that_reaches_the_last_position_ends_there(shop):
     assert len(short_gen.token_ids) > 5  # the short row was not cut with it
     with pytest.raises(ValueError, match="leaves no room"):
         EnginePolicy(model, tokenizer).generate([short * (positions // len(short) + 1)], params)
+
+
+def test_in_bf16_the_engine_adds_no_gap_beyond_the_precision():
+    """bf16, the GPU presets' dtype, here on the CPU: the engine runs a whole training step from a bf16 model (a dtype
+    mismatch anywhere in it would raise), and the log-probs it records are as close to the float32 trainer's as bf16
+    itself allows (transformers scoring the same tokens in bf16). It bounds the error; it does not find wrong math,
+    which this model's confident outputs hide at bf16's tolerance (a 19 % error in the attention scale stays inside
+    it): the float32 tests above, which compare every token, do that."""
+    config = replace(get_preset("tiny-agent"), dtype="bfloat16", backend="engine")
+    batch, trainer = step_batch(config)
+    fp32 = score(trainer.model, batch, "float32", config.temperature)
+    engine = Mismatch("engine, bf16", fp32, batch.old_logps, batch.mask).summary()
+    precision = logprob_mismatch(trainer.model, batch, "bfloat16", config).summary()
+    assert engine["tokens"] > 1000 and precision["logp_diff_mean"] > 0  # a real step, and bf16 does differ from fp32
+    assert engine["logp_diff_mean"] <= 2 * precision["logp_diff_mean"]
+    assert engine["logp_diff_max"] <= 2 * precision["logp_diff_max"]
