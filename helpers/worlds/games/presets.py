@@ -15,11 +15,10 @@ def tiny_kuhn() -> GameConfig:
     warm start in the other seat, 32 hands: as many of the policy's moves); ``--rae false`` drops the
     baselines; ``--opponent pool`` plays past policies. A KL penalty to the warm start (``beta``)
     anchors both: plain self-play by gradient can drift round the equilibrium instead of settling
-    (notebook 09 §4 shows a run without it; LOG.md). Its weight, 0.1, is the one of 0.1 / 0.2 / 0.3
-    under which self-play on seeds 0-2 improved every measure over the warm start, greedy win rate
-    against the random player included (at 0.3 seed 2's greedy moves stayed the warm start's), and
-    ended less exploitable than the control (at 0.2 seed 1's did not; LOG.md). The exact measures of
-    strength are taken every step; the held-out hands (120, against a random opponent) before and after.
+    (notebook 09 §4 shows a run without it). Its weight, 0.1, is the one of 0.1 / 0.2 / 0.3 under
+    which self-play improved every measure over the warm start and ended less exploitable than its
+    control on seeds 0-2 (the runs are in LOG.md). The exact measures of strength are taken every
+    step; the held-out hands (120, against a random opponent) before and after.
     """
     return GameConfig(
         model="data/tiny-games",  # the warm start: imitates a weak player (python -m helpers.worlds.games build)
