@@ -108,3 +108,32 @@ def test_a_user_over_the_rate_gets_429_with_retry_after(server):
 def test_the_web_page_is_served(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "/v1/chat/completions" in page.text and "/v1/feedback" in page.text
+
+
+def test_the_store_protocol_lists_everything_the_service_asks_of_a_store():
+    import re
+    from pathlib import Path
+
+    from helpers.service.store import Store
+
+    listed = {name for name in vars(Store) if not name.startswith("_")} | set(Store.__annotations__)
+    sqlite = {name for name in vars(SQLiteStore) if not name.startswith("_")} | {"path"}
+    assert listed <= sqlite, sorted(listed - sqlite)
+    called = set()
+    for source in [*Path("helpers/service").glob("*.py"), Path("helpers/serve.py")]:
+        called |= set(re.findall(r"\bstore\.(\w+)", source.read_text())) & sqlite  # not "store.db" or a Path's .parent
+    assert called and called <= listed, sorted(called - listed)
+
+
+def test_the_reply_is_the_agents_last_turn_even_when_the_episode_ends_on_a_tool_result():
+    from helpers.service.app import final_reply
+
+    call = {"role": "assistant", "content": '<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>'}
+    answered = [{"role": "user", "content": "q"}, call, {"role": "tool", "content": '{"item": "pen"}'},
+                {"role": "assistant", "content": "<answer>1,234.0</answer>"}]
+    assert final_reply(answered) == ("<answer>1,234.0</answer>", "1234")
+    cut_short = answered[:3]  # max_steps reached on the tool turn: the last message is the world's
+    assert final_reply(cut_short) == (call["content"], None)
+    beside_a_call = [{"role": "user", "content": "q"}, {"role": "assistant", "content": call["content"] + "<answer>5</answer>"},
+                     {"role": "tool", "content": "7"}]
+    assert final_reply(beside_a_call)[1] is None

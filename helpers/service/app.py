@@ -176,6 +176,17 @@ async def parse(request: Request, model: type[BaseModel]):
         return error(422, problems, "invalid_request_error")
 
 
+def final_reply(messages: list[dict]) -> tuple[str, str | None]:
+    """The agent's reply to the caller, and the number it answered (None without one).
+
+    The reply is the last *assistant* turn: an episode cut short after a tool call (``max_steps``, the token
+    budget) ends on the tool's result, which is the world's text, not the agent's. Only an episode that ends on
+    the agent's turn has an answer; an ``<answer>`` written beside a tool call was not its final answer."""
+    reply = next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
+    found = extract_answer(reply) if messages and messages[-1]["role"] == "assistant" else None
+    return reply, format_number(found.value) if found is not None and found.value is not None else None
+
+
 def episode_view(record: EpisodeRecord) -> dict:
     """What a caller sees of an episode: no hidden world, no token lists."""
     return {"id": record.id, "adapter_version": record.adapter_version, "model": record.model, "answer": record.answer,
@@ -253,8 +264,7 @@ def create_app(pool: AgentPool, store: SQLiteStore, config: ServiceConfig = Serv
         with world_lock:
             task = world.task(episode_id, body.user, question, pool.world_items)
         trajectory, served_by = await asyncio.wrap_future(pool.submit(task, version, body.temperature))
-        found = extract_answer(trajectory.messages[-1]["content"]) if trajectory.messages[-1]["role"] == "assistant" else None
-        answer = format_number(found.value) if found is not None and found.value is not None else None
+        reply, answer = final_reply(trajectory.messages)
         record = EpisodeRecord(
             id=episode_id, user=body.user, model=body.model, adapter_version=served_by, question=question, answer=answer,
             stop_reason=trajectory.stop_reason, world=task.metadata, truth=task.answer, messages=trajectory.messages,
@@ -265,7 +275,7 @@ def create_app(pool: AgentPool, store: SQLiteStore, config: ServiceConfig = Serv
         return {
             "id": f"chatcmpl-{episode_id}", "object": "chat.completion", "created": int(record.created), "model": body.model,
             "choices": [{"index": 0, "finish_reason": "stop" if trajectory.stop_reason == "answered" else "length",
-                         "message": {"role": "assistant", "content": trajectory.messages[-1]["content"]}}],
+                         "message": {"role": "assistant", "content": reply}}],
             "usage": {"prompt_tokens": trajectory.prompt_len, "completion_tokens": completion,
                       "total_tokens": len(trajectory.token_ids)},
             "episode": episode_view(record),
