@@ -48,8 +48,11 @@ def import_trl():
         warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
         import trl
         from trl.trainer import grpo_trainer  # noqa: F401  the submodule that imports the vLLM client
+    # TRL 1.16 and peft read transformers' deprecated ``is_gradient_checkpointing`` at every generation
+    # (a FutureWarning from transformers 5.20 on, what a fresh install gets), inside TRL's own calls where no
+    # ``quiet_peft`` of ours can reach: that one warning is ignored for the process once TRL is in use.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     return trl
-
 
 
 def batch_split(config: TrainConfig, processes: int = 1) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers.policy import HFPolicy, SamplingParams
+from helpers.policy import HFPolicy, SamplingParams, quiet_peft
 from helpers.policy.hf import sample_next
 from helpers.worlds.tinymodel import load_tiny
 
@@ -105,7 +105,8 @@ def test_works_with_a_peft_model(tiny):
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny
-    peft_model = get_peft_model(load_tiny()[0].float(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with quiet_peft():
+        peft_model = get_peft_model(load_tiny()[0].float(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     peft_model.train()  # generate must switch to eval and back
     policy = HFPolicy(peft_model, tokenizer)
     gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=10, seed=0))

@@ -5,6 +5,7 @@ import torch
 
 from helpers.envs import make_env
 from helpers.formats import format_tool_call
+from helpers.policy import quiet_peft
 from helpers.sft import (
     IGNORE,
     collate,
@@ -88,7 +89,8 @@ def test_lora_trains_only_the_adapter(tokenizer):
 
     tasks = make_tiny_tasks(8, seed=0, split="train")
     examples = encode_conversations(tokenizer, [demonstration(t, use_tool=True) for t in tasks], TOOLS)
-    model = get_peft_model(new_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with quiet_peft():
+        model = get_peft_model(new_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_sft(model, examples, steps=3, batch_size=4, lr=1e-2, warmup_steps=1, progress=False)
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
