@@ -136,7 +136,7 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise DatasetError(f"{path}: file not found")
+        raise DatasetError(f"{path}: {'a folder, not a file' if path.is_dir() else 'file not found'}")
     rows = []
     with path.open("rb") as f:  # bytes: a bad UTF-8 byte is reported with its row, not as a bare UnicodeDecodeError
         for line_no, raw in enumerate(f, start=1):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
-from helpers.data import DATASET_FAMILIES, load_dataset
+from helpers.data import DATASET_FAMILIES, DatasetError, load_dataset
 from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
                                 score_answers)
 from helpers.loop import env_factory
@@ -64,6 +64,10 @@ def benchmark_metrics(result: EvalResult, k: int) -> dict:
         correct = [record[f"correct_of_{k}"] for record in result.records]
         metrics.update(pass_at_k_table([k] * len(correct), correct, tuple(sorted({*PASS_KS, k}))))
     return metrics
+
+
+def no_server(base_url: str) -> str:
+    return f"--base-url {base_url}: no server answers there; start it first (vllm serve MODEL ...), or check the host, the port and the /v1"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -101,6 +105,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default=None, help="with --base-url: the served model's name (default: the first it lists)")
     parser.add_argument("--api-key", default=None, help="with --base-url: the API key (default: the OPENAI_API_KEY variable)")
     args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error(f"--n {args.n}: give 1 or more held-out tasks")
+    if args.k is not None and args.k < 0:
+        parser.error(f"--k {args.k}: give 0 or more (0: no pass@k)")
+    if args.temperature < 0:  # a negative one samples nonsense rather than failing
+        parser.error(f"--temperature {args.temperature}: give 0 (greedy) or more")
     benchmark = None
     if args.benchmark is not None:
         try:
@@ -127,12 +137,19 @@ def main(argv: list[str] | None = None) -> dict:
             config = replace(config, **benchmark.config_for(args.benchmark))
     if args.max_new_tokens is not None:
         config = replace(config, max_new_tokens=args.max_new_tokens)
+    unreachable = ()  # the error that means no server answers at --base-url; none for a local model
     if args.base_url is not None:  # a served model plays the episodes (helpers.endpoint): the same tasks, envs and numbers
         if args.adapter is not None:
             parser.error("--adapter goes on a local model; serve the adapter with the model instead (vllm serve ... --lora-modules)")
+        from openai import APIConnectionError
+
         from helpers.endpoint import Endpoint, evaluate_endpoint
 
-        endpoint = Endpoint(args.base_url, model=args.model, api_key=args.api_key)
+        unreachable = APIConnectionError
+        try:
+            endpoint = Endpoint(args.base_url, model=args.model, api_key=args.api_key)
+        except APIConnectionError:  # without --model it asks the server for its models
+            parser.error(no_server(args.base_url))
         play, source = partial(evaluate_endpoint, endpoint), {"base_url": args.base_url, "model": endpoint.model}
     else:
         if args.model is not None or args.api_key is not None:
@@ -151,11 +168,22 @@ def main(argv: list[str] | None = None) -> dict:
     if args.opponent is not None:  # a game world's hands: the opponent is the task's `opponent` column
         if config.dataset != "kuhn_poker":
             parser.error(f"--opponent needs a game preset (tiny-kuhn); {args.preset} plays no opponent")
+        from helpers.worlds.games.env import load_opponent
+
+        try:  # now, not in the first hand's reset, where it is a traceback
+            load_opponent(args.opponent)
+        except ImportError as e:
+            parser.error(f"--opponent {args.opponent}: cannot import it ({e}); is its folder on PYTHONPATH?")
+        except ValueError as e:
+            parser.error(str(e))
         tasks = [replace(t, metadata={**t.metadata, "opponent": args.opponent}) for t in tasks]
     k = config.pass_k if args.k is None else args.k
-    result = play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
-                  greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
-                  max_total_tokens=config.max_total_tokens, seed=args.seed)
+    try:
+        result = play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
+                      greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
+                      max_total_tokens=config.max_total_tokens, seed=args.seed)
+    except unreachable:  # with --model the first request is the first turn's (or the server went away mid-run)
+        parser.error(no_server(args.base_url))
     line = {"preset": args.preset, **source, "seed": args.seed, "temperature": args.temperature,
             **result.metrics, "failures": breakdown(result.records)}
     if benchmark is not None:
@@ -172,4 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except DatasetError as e:  # a missing or malformed --answers file, a benchmark member that does not exist: its one line
+        raise SystemExit(f"python -m helpers.evaluate: error: {e}") from None  # (main raises it, for its callers and tests)

@@ -101,6 +101,19 @@ def env_factory(config: TrainConfig):
     return lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)
 
 
+def look_up(config: TrainConfig):
+    """Look the config's names up in their registries, raising their one-line errors (an unknown dataset, env, env
+    option or reward); returns one held-out task. Nothing is kept: a run builds its own afterwards."""
+    from helpers.data import load_dataset
+    from helpers.rewards import combine
+
+    task = load_dataset(config.dataset, "test", 1, seed=EVAL_SEED)[0]
+    combine(config.rewards)
+    if ":" not in config.env:  # a class by name is checked by check_env_class, on this task
+        env_factory(config)
+    return task
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -378,6 +391,7 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
     t_start, cpu_start = started
     spent = dict.fromkeys(TIME_SPLIT, 0.0)  # seconds of this call by part
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
+    look_up(config)  # an unknown dataset, env or reward raises here, before the folder's last run is cleared
     checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
     if checkpoint is None:
         clear_run_dir(run_dir)

@@ -97,7 +97,10 @@ def train(args) -> None:
 
 def rollback(args) -> None:
     store = open_store(args.store)
-    store.deploy(args.version, "rollback from the command line")
+    try:
+        store.deploy(args.version, "rollback from the command line")
+    except KeyError as e:  # a version the store does not hold: its message lists those it does
+        raise SystemExit(f"python -m helpers.serve rollback: {e.args[0]} (store {store.path})") from None
     print(f"deployed v{args.version}; a running server swaps to it within a second")
 
 
@@ -116,7 +119,12 @@ def loadtest(args) -> None:
 
     store = Path(args.store)
     if store.parent.exists():
-        shutil.rmtree(store.parent)  # a fresh store each time: the test's own episodes only
+        # a fresh store each time: the test's own episodes only. Its folder goes whole, so it must be one an
+        # earlier load test made (its new adapter is written first), or empty: --store store.db names the current folder
+        if any(store.parent.iterdir()) and not (store.parent / "adapters" / "loadtest-new").is_dir():
+            raise SystemExit(f"--store {args.store}: the load test deletes the store's folder, {store.parent.resolve()}, which holds "
+                             "other files; give a store in a folder of its own (default runs/serve-loadtest/store.db)")
+        shutil.rmtree(store.parent)
     report = run_load_test(store, args.clients, args.seconds, args.adapter)
     print(json.dumps(report, indent=1))
 
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"serve": serve, "train": train, "rollback": rollback, "simulate": simulate, "loadtest": loadtest}
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:  # argparse would blame an unrecognized argument of serve
+        raise SystemExit(f"python -m helpers.serve: unknown command {argv[0]!r}; choose from {', '.join(commands)} (none: serve)")
     command = argv.pop(0) if argv and argv[0] in commands else "serve"
     parser = argparse.ArgumentParser(prog=f"python -m helpers.serve {command}", description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
@@ -165,7 +175,23 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--drift-round", type=int, default=None)
         parser.add_argument("--users", type=int, default=None)
         parser.add_argument("--adversarial", type=float, default=None)
-    commands[command](parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.threads < 1:  # torch's own refusal is a traceback
+        parser.error(f"--threads {args.threads}: give 1 or more")
+    if command == "serve":
+        if not 1 <= args.port <= 65535:  # uvicorn takes 0 (a random port) and wraps 99999 to 34463
+            parser.error(f"--port {args.port}: give a port from 1 to 65535")
+        if args.rate <= 0:  # the rate limiter divides by it: a 500 once a user's burst is spent
+            parser.error(f"--rate {args.rate}: give more than 0 requests a second")
+        if args.burst < 1:  # no token ever: a 429 for every request
+            parser.error(f"--burst {args.burst}: give 1 or more")
+    if command in ("serve", "train"):
+        import helpers.worlds  # noqa: F401  (registers the presets)
+        from helpers.config import PRESETS
+
+        if args.preset not in PRESETS:
+            parser.error(f"--preset {args.preset}: choose from {', '.join(sorted(PRESETS))}")
+    commands[command](args)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=128, help="concurrent sessions (episodes) the server holds")
     args = parser.parse_args(argv)
-
-    import uvicorn
+    if not 1 <= args.port <= 65535:  # uvicorn takes 0 (a random port it does not print) and wraps 99999 to 34463
+        parser.error(f"--port {args.port}: give a port from 1 to 65535")
+    if args.max_sessions < 1:
+        parser.error(f"--max-sessions {args.max_sessions}: give 1 or more")
 
     import helpers.worlds  # noqa: F401  (registers the worlds' envs)
     from helpers.envs import new_env
+
+    try:  # an unknown name fails now, with the registry's message, not at the first session
+        new_env(args.env)
+    except (KeyError, ValueError) as e:
+        parser.error(e.args[0] if isinstance(e, KeyError) else str(e))
+
+    import uvicorn
+
     from helpers.envs.remote import create_server_app
 
-    new_env(args.env)  # an unknown name fails now, with the registry's message, not at the first session
     app = create_server_app(lambda: new_env(args.env), args.env, max_sessions=args.max_sessions)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -10,7 +10,9 @@
 contract (``helpers.envs.base``; it need import nothing from ``helpers``): it becomes
 ``config.env``, and ``helpers.envs.check_env_class`` checks it on one of the preset's test tasks
 before any model loads. A class that breaks the contract (no ``reset``, a tool without type hints
-or an ``Args:`` line, a ``get_reward`` that returns no number) is refused with a one-line reason.
+or an ``Args:`` line, a ``get_reward`` that returns no number) is refused with a one-line reason, as is any
+flag's bad value (a negative ``--seed``, an unknown ``--env`` or ``--dataset``, an ``--out-dir`` that is a file:
+``refusal``), before the run folder is touched.
 The same class runs in TRL's ``GRPOTrainer(environment_factory=...)``. Taught in
 notebooks/02_environment.ipynb.
 
@@ -25,14 +27,16 @@ import argparse
 import types
 import typing
 from dataclasses import fields
+from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
 from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
-from helpers.data import load_dataset
 from helpers.envs import check_env_class
-from helpers.loop import EVAL_SEED, RunResult, train
+from helpers.loop import COLLECTORS, ResumeError, RunFolderBusy, RunResult, look_up, run_dir_for, train
+from helpers.paths import ROOT
+from helpers.policy import BACKENDS, resolve_device
 
-__all__ = ["RunResult", "build_parser", "main", "train"]
+__all__ = ["RunResult", "build_parser", "main", "refusal", "train"]
 
 
 def _parse_bool(text: str) -> bool:
@@ -84,18 +88,64 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# The least each counting field may be. Below it a run fails late (after the model loaded), with a message that
+# names no flag, or does what no one asked: --steps -1 evaluates and calls it a run, --torch-threads -3 is ignored.
+MINIMUMS = {"steps": 0, "torch_threads": 0, "tasks_per_step": 1, "num_generations": 1, "eval_tasks": 1, "lr": 0.0}
+
+
+def refusal(config: TrainConfig, preset: str) -> str | None:
+    """Why the command refuses ``config``, in one line, or None. Checked before ``train``, which clears the run
+    folder: a typo in a flag must not cost the folder's last run, nor a model load."""
+    import torch
+
+    for name, least in MINIMUMS.items():
+        if getattr(config, name) < least:
+            return f"--{name.replace('_', '-')} {getattr(config, name)}: give {least} or more"
+    if not 0 <= config.seed < 2**32:
+        return f"--seed {config.seed}: give a whole number from 0 to 2**32 - 1 (numpy's generator takes no other)"
+    model = Path(config.model)  # a hub id (Qwen/Qwen2.5-1.5B-Instruct) has one slash at most, and no repository folder for a namespace
+    looks_local = len(model.parts) > 2 or (model.parent != Path(".") and (ROOT / model.parts[0]).is_dir())
+    if looks_local and not (ROOT / model).is_dir():
+        return f"--model {config.model}: no folder {ROOT / model} (a local model is a folder, relative to the repository root)"
+    run_dir = run_dir_for(config, preset)
+    existing = next(path for path in [run_dir, *run_dir.parents] if path.exists())
+    if not existing.is_dir():
+        return f"--out-dir {config.out_dir}: {existing} is a file; give a folder (it is made if missing)"
+    if not isinstance(getattr(torch, config.dtype, None), torch.dtype):
+        return f"--dtype {config.dtype}: not a torch dtype; give float32, bfloat16 or float16"
+    try:
+        torch.device(resolve_device(config.device))
+    except RuntimeError:
+        return f"--device {config.device}: not a torch device; give auto, cpu, cuda or cuda:N"
+    if config.backend not in BACKENDS:
+        return f"--backend {config.backend}: choose from {', '.join(BACKENDS)}"
+    if config.collect not in COLLECTORS:
+        return f"--collect {config.collect}: choose from {', '.join(sorted(COLLECTORS))}"
+    try:  # the registries' own one-line messages: an unknown dataset, reward, env or env option
+        task = look_up(config)
+    except (KeyError, ValueError, TypeError) as e:
+        return e.args[0] if isinstance(e, KeyError) else str(e)  # a KeyError's str() quotes its message
+    if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
+        problems = check_env_class(config.env, task)
+        if problems:
+            return f"environment class {config.env} refused: {'; '.join(problems)}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> RunResult:
     preset_only = argparse.ArgumentParser(add_help=False)
     preset_only.add_argument("--preset", default=DEFAULT_PRESET)
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
     config = get_preset(preset, **args)
-    if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
-        problems = check_env_class(config.env, load_dataset(config.dataset, "test", 1, seed=EVAL_SEED)[0])
-        if problems:
-            raise SystemExit(f"python -m helpers.train: environment class {config.env} refused: {'; '.join(problems)}")
+    problem = refusal(config, preset)
+    if problem:
+        raise SystemExit(f"python -m helpers.train: {problem}")
     print(f"preset {preset}" + (f" with {args}" if args else ""), flush=True)
-    return train(config, preset_name=preset)
+    try:
+        return train(config, preset_name=preset)
+    except (ResumeError, RunFolderBusy) as e:  # both raised before the first step, with a message that says what to do
+        raise SystemExit(f"python -m helpers.train: {e}") from None
 
 
 if __name__ == "__main__":

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first pair is a warm-up)")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
     run(args.tasks, args.group_size, args.max_new_tokens, args.steps, args.threads, args.seed, profile=args.profile)
 
 

@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
     backends = tuple(args.backends.split(",")) if args.backends else None
     if backends and set(backends) - set(BACKENDS):
         parser.error(f"--backends: choose from {','.join(BACKENDS)}")
