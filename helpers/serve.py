@@ -62,13 +62,14 @@ def register_start(store, adapter: str | None) -> int:
 
 def serve(args) -> None:
     import torch
-    import uvicorn
 
     import helpers.worlds  # noqa: F401  (registers the presets)
     from helpers.config import get_preset
+    from helpers.serve_env import bound_socket, serve_on
     from helpers.service.agent import AgentPool
     from helpers.service.app import ServiceConfig, create_app
 
+    sock = bound_socket(args.host, args.port)  # a port in use is refused before the model loads
     torch.set_num_threads(args.threads)
     config = get_preset(args.preset)
     store = open_store(args.store)
@@ -78,7 +79,7 @@ def serve(args) -> None:
     app = create_app(pool, store, ServiceConfig(name=args.preset, rate=args.rate, burst=args.burst,
                                                  admin_token=args.admin_token, world_seed=args.world_seed))
     print(f"serving {args.preset} v{version} on http://{args.host}:{args.port} (store {store.path})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve_on(sock, app)
 
 
 def train(args) -> None:

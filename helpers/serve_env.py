@@ -14,6 +14,28 @@ names the worlds' envs (``helpers.worlds`` registers them), which the environmen
 from __future__ import annotations
 
 import argparse
+import socket
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` now, before anything loads, for uvicorn to serve on: a port another server
+    holds is refused in one line (uvicorn would say so only after the service had loaded, below a line
+    announcing it). Also the helpers.serve command's."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port a server just left is free
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SystemExit(f"cannot listen on {host}:{port}: {error.strerror} (is another server there? give another --port)") from None
+    return sock
+
+
+def serve_on(sock: socket.socket, app) -> None:
+    """Serve the ASGI ``app`` with uvicorn on the bound socket until the process is stopped."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,13 +57,11 @@ def main(argv: list[str] | None = None) -> None:
         new_env(args.env)
     except (KeyError, ValueError) as e:
         parser.error(e.args[0] if isinstance(e, KeyError) else str(e))
-
-    import uvicorn
+    sock = bound_socket(args.host, args.port)
 
     from helpers.envs.remote import create_server_app
 
-    app = create_server_app(lambda: new_env(args.env), args.env, max_sessions=args.max_sessions)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve_on(sock, create_server_app(lambda: new_env(args.env), args.env, max_sessions=args.max_sessions))
 
 
 if __name__ == "__main__":

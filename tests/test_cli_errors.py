@@ -168,6 +168,19 @@ def test_servers_refuse_a_port_out_of_range(command, port, tmp_path):
     assert out.stderr.strip().splitlines()[-1].endswith(f"error: --port {port}: give a port from 1 to 65535")
 
 
+@pytest.mark.parametrize("command", ["helpers.serve_env", "helpers.serve"])
+def test_servers_refuse_a_port_in_use_before_they_load_anything(command, tmp_path):
+    served = ["shop"] if command == "helpers.serve_env" else ["--store", str(tmp_path / "store.db")]
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        out = run(command, *served, "--port", str(port))  # was: "serving ... on" then uvicorn's error, the model loaded
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "serving" not in out.stdout, (out.stdout, out.stderr)
+    assert out.stderr.strip().startswith(f"cannot listen on 127.0.0.1:{port}: Address already in use"), out.stderr
+    assert not (tmp_path / "store.db").exists()  # nothing was made
+
+
 @pytest.mark.parametrize("argv, reason", [
     (["shopp"], "unknown env 'shopp'; registered: "),
     (["no_such_module_xyz:Shop"], "env 'no_such_module_xyz:Shop': cannot import 'no_such_module_xyz'"),
