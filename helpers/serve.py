@@ -27,12 +27,17 @@ DEFAULT_STORE = "runs/serve/store.db"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def open_store(path: str):
+def store_path(path: str) -> Path:
+    """The store's file: a relative ``--store`` is relative to the repository root, where the service's processes run."""
     from helpers.paths import ROOT
+
+    return Path(path) if Path(path).is_absolute() else ROOT / path
+
+
+def open_store(path: str):
     from helpers.service.store import SQLiteStore
 
-    path = Path(path)
-    return SQLiteStore(path if path.is_absolute() else ROOT / path)
+    return SQLiteStore(store_path(path))
 
 
 def register_start(store, adapter: str | None) -> int:
@@ -118,12 +123,12 @@ def loadtest(args) -> None:
 
     from helpers.service.loadtest import run_load_test
 
-    store = Path(args.store)
+    store = store_path(args.store)  # the server it starts runs in the repository root: the same file, wherever this runs
     if store.parent.exists():
         # a fresh store each time: the test's own episodes only. Its folder goes whole, so it must be one an
         # earlier load test made (its new adapter is written first), or empty: --store store.db names the current folder
         if any(store.parent.iterdir()) and not (store.parent / "adapters" / "loadtest-new").is_dir():
-            raise SystemExit(f"--store {args.store}: the load test deletes the store's folder, {store.parent.resolve()}, which holds "
+            raise SystemExit(f"--store {args.store}: the load test deletes the store's folder, {store.parent}, which holds "
                              "other files; give a store in a folder of its own (default runs/serve-loadtest/store.db)")
         shutil.rmtree(store.parent)
     report = run_load_test(store, args.clients, args.seconds, args.adapter)
