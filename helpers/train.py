@@ -125,6 +125,9 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
         task = look_up(config)
     except (KeyError, ValueError, TypeError) as e:
         return e.args[0] if isinstance(e, KeyError) else str(e)  # a KeyError's str() quotes its message
+    except ConnectionError as e:  # a hub dataset (GSM8K) offline
+        return (f"--dataset {config.dataset}: {e}; it comes from the Hugging Face Hub: check the connection "
+                "(a copy already in the cache loads with HF_HUB_OFFLINE=1)")
     if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
         problems = check_env_class(config.env, task)
         if problems:

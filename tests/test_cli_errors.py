@@ -73,6 +73,17 @@ def test_train_refuses_a_bad_flag_before_the_run_starts(flags, reason, tmp_path,
     assert message.startswith(f"python -m helpers.train: {reason}"), message
 
 
+def test_train_says_in_one_line_that_a_hub_dataset_is_out_of_reach(tmp_path, monkeypatch, capsys):
+    def offline(config):  # what datasets raises without a connection (no hub is reachable in CI, but a user's may be)
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(helpers.train, "look_up", offline)
+    monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
+    message = refused(helpers.train.main, ["--preset", "gsm8k-t4", "--out-dir", str(tmp_path / "run")], capsys)
+    assert message.startswith("python -m helpers.train: --dataset gsm8k: Couldn't reach 'openai/gsm8k' on the Hub"), message
+    assert "check the connection" in message
+
+
 def test_a_run_with_an_unknown_name_keeps_the_folders_last_run(tmp_path):
     """``train`` itself (what a notebook calls) looks its names up before it clears the folder."""
     from helpers.config import get_preset
