@@ -251,3 +251,12 @@ def test_serve_loadtest_does_not_delete_a_folder_it_did_not_make(tmp_path):
 def test_bench_refuses_zero_threads(bench, capsys):
     message = refused(bench.main, ["--threads", "0"], capsys)
     assert message.endswith("error: --threads must be >= 1"), message  # was torch's RuntimeError
+
+
+def test_bench_help_is_the_usage_and_success(capsys):
+    from helpers.bench.__main__ import main as bench_main
+
+    bench_main(["--help"])  # was: the usage as an error, exit 1
+    assert capsys.readouterr().out.startswith("usage: python -m helpers.bench {rollout,grpo}")
+    with pytest.raises(SystemExit, match="usage: python -m helpers.bench"):
+        bench_main(["rolout"])

@@ -8,8 +8,12 @@ BENCHMARKS = {"rollout": "helpers.bench.rollout", "grpo": "helpers.bench.grpo"}
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    usage = f"usage: python -m helpers.bench {{{','.join(BENCHMARKS)}}} [options]   (--help after the name for its options)"
+    if argv[:1] in (["-h"], ["--help"]):  # asked for: the usage, and success
+        print(usage)
+        return
     if not argv or argv[0] not in BENCHMARKS:
-        raise SystemExit(f"usage: python -m helpers.bench {{{','.join(BENCHMARKS)}}} [options]   (--help after the name for its options)")
+        raise SystemExit(usage)
     importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
 
 
