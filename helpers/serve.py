@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"python -m helpers.serve: unknown command {argv[0]!r}; choose from {', '.join(commands)} (none: serve)")
     command = argv.pop(0) if argv and argv[0] in commands else "serve"
     parser = argparse.ArgumentParser(prog=f"python -m helpers.serve {command}", description=__doc__.splitlines()[0])
-    parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
-    parser.add_argument("--preset", default="tiny-agent")
+    if command != "simulate":  # the simulation makes its own store, in --out
+        parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
+    if command in ("serve", "train"):  # the others take no model of their own (loadtest serves the tiny agent)
+        parser.add_argument("--preset", default="tiny-agent")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process")
     if command == "serve":
         parser.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's checkpoint-N) to start with")
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.set_defaults(store="runs/serve-loadtest/store.db")
         parser.add_argument("--clients", type=int, default=32)
         parser.add_argument("--seconds", type=float, default=30.0)
-        parser.add_argument("--adapter", default=None, help="the version serving before the swap (default: the preset's model)")
+        parser.add_argument("--adapter", default=None, help="the version serving before the swap (default: the tiny agent's model alone)")
     elif command == "rollback":
         parser.add_argument("--version", type=int, required=True)
     else:

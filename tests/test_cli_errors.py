@@ -222,6 +222,9 @@ def test_serve_names_its_commands_for_an_unknown_one():
     (["--threads", "0"], "python -m helpers.serve serve: error: --threads 0: give 1 or more"),  # torch's RuntimeError
     (["--preset", "tiny-agnet"], "python -m helpers.serve serve: error: --preset tiny-agnet: choose from "),  # KeyError
     (["train", "--preset", "tiny-agnet"], "python -m helpers.serve train: error: --preset tiny-agnet: choose from "),
+    # flags a command took and ignored: the simulation makes its own store and, like the load test, serves the tiny agent
+    (["simulate", "--store", "x.db"], "python -m helpers.serve simulate: error: unrecognized arguments: --store x.db"),
+    (["loadtest", "--preset", "gsm8k-24gb"], "python -m helpers.serve loadtest: error: unrecognized arguments: --preset gsm8k-24gb"),
 ])
 def test_serve_refuses_bad_flags_before_it_starts(argv, reason, tmp_path, capsys):
     message = refused(serve_main, [*argv, "--store", str(tmp_path / "store.db")], capsys)
