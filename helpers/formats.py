@@ -38,6 +38,7 @@ cut costs the limit plus a restart of the worker (0.35 s).
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import select
@@ -283,12 +284,35 @@ class _MathVerifyWorker:
     Checks take turns (a lock): a thread waits for the ones before it, each at most
     ``MATH_VERIFY_SECONDS``, and the wait is not counted in its own time. Starting the
     worker (importing sympy: 0.35 s here) is not counted either; after a kill the next
-    check starts a new one. The worker ends with us: its stdin closes.
+    check starts a new one. The worker ends with us: at exit its stdin is closed and it is waited for.
     """
 
     def __init__(self):
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the worker, if one runs: its loop ends when its stdin closes."""
+        with self.lock:
+            if self.proc is not None:
+                self._end(kill=False)
+
+    def _end(self, kill: bool) -> None:
+        """Stop the worker (``kill``: at once, it is still computing) and close its pipes; the next check starts another."""
+        if kill:
+            self.proc.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass  # a write it never read: the worker is gone either way
+        try:
+            self.proc.wait(timeout=MATH_VERIFY_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
     def _start(self) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", _MATH_VERIFY_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -313,9 +337,7 @@ class _MathVerifyWorker:
                         return json.loads(line)
             except OSError:
                 pass  # it died under us (killed from outside)
-            self.proc.kill()  # still computing (or it died, e.g. of its memory cap): a new worker next time
-            self.proc.wait()
-            self.proc = None
+            self._end(kill=True)  # still computing (or it died, e.g. of its memory cap): a new worker next time
             return None
 
 

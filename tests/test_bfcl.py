@@ -171,3 +171,15 @@ def test_help_lists_the_benchmarks_and_bfcls_categories(capsys):
     text = capsys.readouterr().out
     assert "bfcl/<member>\n" in text and "members: simple_python, multiple, parallel," in text and "multi_turn_base" in text
     assert "humaneval\n" in text and "reasoning_gym/<member>\n" in text
+
+
+def test_the_worker_ends_with_the_process_and_leaves_nothing_open():
+    import subprocess
+    import sys
+
+    from helpers.paths import ROOT
+
+    script = "from helpers.worlds.bfcl.official import call\nprint(len(call('entries', category='simple_python')['prompts']))"
+    out = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.stdout.split() == ["400"], out.stderr
+    assert "ResourceWarning" not in out.stderr, out.stderr  # was: its output pipe and its log left open

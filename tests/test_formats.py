@@ -22,6 +22,7 @@ from helpers.formats import (
     parse_tool_calls,
     to_number,
 )
+from helpers.paths import ROOT
 from helpers.rewards import check_answer
 
 
@@ -224,3 +225,15 @@ def test_format_number_is_exact_past_a_floats_range():
     assert format_number(big) == "1" + "0" * 400 + ".5"
     assert judge_answer("<answer>1" + "0" * 400 + ".5</answer>", "3")["verdict"] == "wrong_number"
     assert format_number(Fraction(1, 3)) == "0.3333333333" and format_number(Fraction(-2, 3)) == "-0.6666666667"
+
+
+def test_the_math_verify_worker_ends_with_the_process_and_leaves_nothing_open():
+    import subprocess
+    import sys
+
+    script = ("from helpers.formats import judge_answer\n"
+              "print(judge_answer('<answer>x+1</answer>', '2')['verdict'], judge_answer('<answer>9^{9^{9}}</answer>', '2')['verdict'],"
+              " judge_answer('<answer>2/1</answer>', '2')['verdict'])")  # a check, a killed worker, a new worker
+    out = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.split() == ["wrong_answer", "check_timeout", "correct"], out.stderr
+    assert "ResourceWarning" not in out.stderr, out.stderr  # was: "subprocess N is still running", two unclosed pipes

@@ -129,9 +129,14 @@ class Worker:
         return answer["value"]
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        """End the worker (its loop ends when its stdin closes), then close its output pipe and its log."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.stdin.close()
             self.process.wait(timeout=10)
+        self.process.stdout.close()
+        self.log.close()
 
 
 _WORKER = Worker()
