@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Callable
 
 from helpers.config import TrainConfig
-from helpers.paths import ROOT
+from helpers.paths import in_repo
 from helpers.registry import register
 
 TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
@@ -135,8 +135,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def run_dir_for(config: TrainConfig, preset_name: str | None) -> Path:
-    path = Path(config.out_dir.format(preset=preset_name or "custom", seed=config.seed))
-    return path if path.is_absolute() else ROOT / path
+    return in_repo(config.out_dir.format(preset=preset_name or "custom", seed=config.seed))
 
 
 def clear_run_dir(run_dir: Path) -> None:

@@ -49,11 +49,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the presets memory_plan("gsm8k-24gb", ...) names)
 from helpers.config import TrainConfig, get_preset
-from helpers.paths import ROOT
+from helpers.paths import in_repo
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per element of each dtype
@@ -139,7 +138,7 @@ def model_shape(model: str) -> ModelShape:
     for key, shape in QWEN25.items():
         if key.lower() in model.lower():
             return shape
-    folder = Path(model) if Path(model).is_absolute() else ROOT / model
+    folder = in_repo(model)
     if not (folder / "config.json").exists():
         raise ValueError(f"no shape for model {model!r}: not in the built-in table {sorted(QWEN25)} and no config.json at {folder}")
     from transformers import AutoConfig  # only needed for local folders

@@ -19,3 +19,10 @@ TINY_DIR = DATA / "tiny"  # the tiny world's model and tokenizer
 GSM8K_SAMPLE = DATA / "gsm8k_sample.jsonl"  # ~50 GSM8K-format problems written for the workbook
 NOTEBOOKS = ROOT / "notebooks"
 RUNS = ROOT / "runs"  # training output (git-ignored)
+
+
+def in_repo(path: str | Path) -> Path:
+    """``path`` as the workbook reads it: a relative path is relative to the repository root, wherever Python
+    was started (a notebook in ``notebooks/``, a server process); an absolute one is kept."""
+    path = Path(path)
+    return path if path.is_absolute() else ROOT / path

@@ -27,17 +27,11 @@ DEFAULT_STORE = "runs/serve/store.db"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def store_path(path: str) -> Path:
-    """The store's file: a relative ``--store`` is relative to the repository root, where the service's processes run."""
-    from helpers.paths import ROOT
-
-    return Path(path) if Path(path).is_absolute() else ROOT / path
-
-
 def open_store(path: str):
+    from helpers.paths import in_repo
     from helpers.service.store import SQLiteStore
 
-    return SQLiteStore(store_path(path))
+    return SQLiteStore(in_repo(path))  # a relative --store is the repository root's, where the service's processes run
 
 
 def register_start(store, adapter: str | None) -> int:
@@ -123,7 +117,9 @@ def loadtest(args) -> None:
 
     from helpers.service.loadtest import run_load_test
 
-    store = store_path(args.store)  # the server it starts runs in the repository root: the same file, wherever this runs
+    from helpers.paths import in_repo
+
+    store = in_repo(args.store)  # the server it starts runs in the repository root: the same file, wherever this runs
     if store.parent.exists():
         # a fresh store each time: the test's own episodes only. Its folder goes whole, so it must be one an
         # earlier load test made (its new adapter is written first), or empty: --store store.db names the current folder
@@ -187,8 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads < 1:  # torch's own refusal is a traceback
         parser.error(f"--threads {args.threads}: give 1 or more")
     if command == "serve":
-        if not 1 <= args.port <= 65535:  # uvicorn takes 0 (a random port) and wraps 99999 to 34463
-            parser.error(f"--port {args.port}: give a port from 1 to 65535")
+        from helpers.serve_env import check_port
+
+        check_port(parser, args.port)
         if args.rate <= 0:  # the rate limiter divides by it: a 500 once a user's burst is spent
             parser.error(f"--rate {args.rate}: give more than 0 requests a second")
         if args.burst < 1:  # no token ever: a 429 for every request

@@ -17,6 +17,13 @@ import argparse
 import socket
 
 
+def check_port(parser: argparse.ArgumentParser, port: int) -> None:
+    """Refuse a port outside 1-65535: uvicorn takes 0 (a random port it does not print) and wraps 99999 to 34463.
+    Also the helpers.serve command's."""
+    if not 1 <= port <= 65535:
+        parser.error(f"--port {port}: give a port from 1 to 65535")
+
+
 def bound_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` now, before anything loads, for uvicorn to serve on: a port another server
     holds is refused in one line (uvicorn would say so only after the service had loaded, below a line
@@ -45,8 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=128, help="concurrent sessions (episodes) the server holds")
     args = parser.parse_args(argv)
-    if not 1 <= args.port <= 65535:  # uvicorn takes 0 (a random port it does not print) and wraps 99999 to 34463
-        parser.error(f"--port {args.port}: give a port from 1 to 65535")
+    check_port(parser, args.port)
     if args.max_sessions < 1:
         parser.error(f"--max-sessions {args.max_sessions}: give 1 or more")
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.paths import TINY_DIR
+from helpers.paths import TINY_DIR, in_repo
 
 # --- tokenizer -----------------------------------------------------------------------------
 
@@ -185,24 +185,17 @@ def load_tokenizer(path: str | Path = TINY_DIR):
     """The tiny tokenizer, through ``AutoTokenizer`` as any user would load it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(_resolve(path))
+    return AutoTokenizer.from_pretrained(in_repo(path))
 
 
 def load_tiny(path: str | Path = TINY_DIR):
     """``(model, tokenizer)`` from ``data/tiny/`` (relative paths resolve against the repo root)."""
     from transformers import AutoModelForCausalLM
 
-    path = _resolve(path)
+    path = in_repo(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()
     return model, load_tokenizer(path)
-
-
-def _resolve(path: str | Path) -> Path:
-    from helpers.paths import ROOT
-
-    path = Path(path)
-    return path if path.is_absolute() else ROOT / path
 
 
 # --- building a world's warm start ----------------------------------------------------
