@@ -374,14 +374,17 @@ def sandbox_layers(python: str | None = None, limits: Limits | None = None) -> t
 
 
 _announced = False
+_announce_lock = threading.Lock()  # graders run episodes from several threads; the line must still print once
 
 
 def _announce(layers: tuple[str, ...]) -> None:
     """Say once per process which layers are active (the first run prints one line)."""
     global _announced
-    if not _announced:
-        print("sandbox layers: " + "; ".join(layers), file=sys.stderr)
+    with _announce_lock:
+        if _announced:
+            return
         _announced = True
+    print("sandbox layers: " + "; ".join(layers), file=sys.stderr)
 
 
 # --- layer 3: the seccomp filter that refuses new user namespaces -----------------------------------

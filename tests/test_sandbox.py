@@ -94,6 +94,31 @@ def test_layers_are_reported():
         assert layers[0].startswith("namespaces (") and "no capabilities, no new user namespaces" in layers[2]
 
 
+def test_layers_line_prints_once_when_threads_start_together(monkeypatch):
+    """Graders run episodes from a thread pool; the line printed twice, run together, when two threads met it first."""
+    import threading
+
+    class SlowStderr:  # a write slow enough that every thread has read the flag before the first write ends
+        lines = []
+
+        def write(self, text):
+            time.sleep(0.05)
+            self.lines.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sandbox, "_announced", False)
+    monkeypatch.setattr(sys, "stderr", SlowStderr())
+    start = threading.Barrier(8)
+    threads = [threading.Thread(target=lambda: (start.wait(), sandbox._announce(("rlimits",)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "".join(SlowStderr.lines) == "sandbox layers: rlimits\n"
+
+
 def inside_uid(result) -> str:
     """The uid the code saw: 65534 in its user namespace, or (as root) the episode's own, as ``result.user`` says."""
     return result.user.split()[1]
