@@ -96,6 +96,11 @@ def train(args) -> None:
 
 
 def rollback(args) -> None:
+    from helpers.paths import in_repo
+
+    if not in_repo(args.store).is_file():  # opening it would make an empty store, and the message would list no versions
+        raise SystemExit(f"python -m helpers.serve rollback: no store at {in_repo(args.store)}; give the --store "
+                         f"the server runs on (default {DEFAULT_STORE})")
     store = open_store(args.store)
     try:
         store.deploy(args.version, "rollback from the command line")
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
     if command in ("serve", "train"):  # the others take no model of their own (loadtest serves the tiny agent)
         parser.add_argument("--preset", default="tiny-agent")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process")
+    if command in ("serve", "train"):
+        parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process")
     if command == "serve":
         parser.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's checkpoint-N) to start with")
         parser.add_argument("--host", default="127.0.0.1")
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--users", type=int, default=None)
         parser.add_argument("--adversarial", type=float, default=None)
     args = parser.parse_args(argv)
-    if args.threads < 1:  # torch's own refusal is a traceback
+    if command in ("serve", "train") and args.threads < 1:  # torch's own refusal is a traceback
         parser.error(f"--threads {args.threads}: give 1 or more")
     if command == "serve":
         from helpers.serve_env import check_port

@@ -225,6 +225,10 @@ def test_serve_names_its_commands_for_an_unknown_one():
     # flags a command took and ignored: the simulation makes its own store and, like the load test, serves the tiny agent
     (["simulate", "--store", "x.db"], "python -m helpers.serve simulate: error: unrecognized arguments: --store x.db"),
     (["loadtest", "--preset", "gsm8k-24gb"], "python -m helpers.serve loadtest: error: unrecognized arguments: --preset gsm8k-24gb"),
+    # --threads where no torch work of the command's own would read it (the processes they start run on one thread)
+    (["simulate", "--threads", "1"], "python -m helpers.serve simulate: error: unrecognized arguments: --threads 1"),
+    (["loadtest", "--threads", "2"], "python -m helpers.serve loadtest: error: unrecognized arguments: --threads 2"),
+    (["rollback", "--version", "1", "--threads", "2"], "python -m helpers.serve rollback: error: unrecognized arguments: --threads 2"),
 ])
 def test_serve_refuses_bad_flags_before_it_starts(argv, reason, tmp_path, capsys):
     message = refused(serve_main, [*argv, "--store", str(tmp_path / "store.db")], capsys)
@@ -233,6 +237,12 @@ def test_serve_refuses_bad_flags_before_it_starts(argv, reason, tmp_path, capsys
 
 def test_serve_rollback_to_a_version_the_store_does_not_hold(tmp_path, capsys):
     store = tmp_path / "store.db"
+    message = refused(serve_main, ["rollback", "--version", "7", "--store", str(store)], capsys)  # a misspelt --store
+    assert message == f"python -m helpers.serve rollback: no store at {store}; give the --store the server runs on (default runs/serve/store.db)"
+    assert not store.exists()  # it made an empty store, and said the store knew no versions
+    from helpers.serve import open_store
+
+    open_store(str(store)).close()
     message = refused(serve_main, ["rollback", "--version", "7", "--store", str(store)], capsys)
     assert message == f"python -m helpers.serve rollback: no adapter version 7; known: [] (store {store})"
 
