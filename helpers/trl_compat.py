@@ -44,11 +44,11 @@ def import_trl():
     """The ``trl`` module, imported quietly. TRL 1.16 warns at import that it was tested with
     vLLM 0.22-0.31; the CPU extra installs vLLM 0.32. Tested with it: transformers generation
     (tests/test_scale_out.py) and importing the server client; no test connects to a vLLM server.
-    The vLLM it imports brings in a module whose methods use ``torch.jit.script_method``, which torch 2.13
-    marks deprecated: 14 DeprecationWarnings in a pytest run, about code that is neither ours nor TRL's."""
-    with warnings.catch_warnings():
+    The vLLM it imports brings in torch's deprecated ``torch.jit.script_method`` (``quiet_torch_jit``)."""
+    from helpers.policy.vllm import quiet_torch_jit
+
+    with warnings.catch_warnings(), quiet_torch_jit():
         warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
-        warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*is deprecated", category=DeprecationWarning)
         import trl
         from trl.trainer import grpo_trainer  # noqa: F401  the submodule that imports the vLLM client
     # TRL 1.16 and peft read transformers' deprecated ``is_gradient_checkpointing`` at every generation

@@ -283,3 +283,20 @@ def test_cpu_no_sleep_mode_explicit_kv_cache_and_no_chunked_prefill(fake_vllm_cp
     assert [sp.seed for sp in FakeLLM.instances[-1].calls[-1][1]["params"]] == [5, 6]
     policy.sleep()
     assert [c for c, _ in FakeLLM.instances[-1].calls] == ["generate"]  # sleep is a no-op
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_torch_jit_hides_torchs_deprecation_of_its_own_mkldnn_module(quiet):
+    """vLLM's engine start imports ``torch.utils.mkldnn``, whose ``torch.jit.script_method`` torch 2.13 deprecates:
+    14 DeprecationWarnings in a pytest run of tests/test_vllm_engine.py alone. Without the context the import must
+    warn (else the context has nothing left to hide and should go); with it, nothing."""
+    import subprocess
+
+    body = "    import torch.utils.mkldnn"
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "from helpers.policy.vllm import quiet_torch_jit\n" + ("with quiet_torch_jit():\n" if quiet else "if True:\n") + body)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if quiet:
+        assert out.returncode == 0, out.stderr[-2000:]
+    else:
+        assert out.returncode != 0 and "torch.jit.script_method" in out.stderr, out.stderr[-2000:]

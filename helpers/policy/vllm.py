@@ -62,11 +62,22 @@ from __future__ import annotations
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers.policy.base import Generation, SamplingParams
 
 GIB = 2**30
+
+
+@contextmanager
+def quiet_torch_jit():
+    """vLLM's imports (at ``import vllm``'s first use, as TRL's, and when an engine starts) bring in
+    ``torch.utils.mkldnn``, whose methods use ``torch.jit.script_method``, which torch 2.13 marks deprecated:
+    a DeprecationWarning for each of 14 methods, about torch's own code, once per process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*is deprecated", category=DeprecationWarning)
+        yield
 
 
 def _import_vllm():
@@ -127,18 +138,19 @@ class VLLMPolicy:
                   f"{cpu_kv_sequences} full-length sequences) instead of a share of RAM; no chunked prefill")
         else:
             llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization  # vLLM's share: weights + workspace + KV cache
-        self.llm = vllm.LLM(
-            model=model,
-            dtype=dtype,
-            enable_lora=True,
-            max_lora_rank=max_lora_rank,  # must be >= the adapter's rank
-            max_loras=1,  # one adapter version in use at a time
-            enable_sleep_mode=enable_sleep_mode,
-            max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs",  # after temperature, as HFPolicy and the trainer (module docstring)
-            seed=seed,
-            **llm_kwargs,
-        )
+        with quiet_torch_jit():
+            self.llm = vllm.LLM(
+                model=model,
+                dtype=dtype,
+                enable_lora=True,
+                max_lora_rank=max_lora_rank,  # must be >= the adapter's rank
+                max_loras=1,  # one adapter version in use at a time
+                enable_sleep_mode=enable_sleep_mode,
+                max_model_len=max_model_len,
+                logprobs_mode="processed_logprobs",  # after temperature, as HFPolicy and the trainer (module docstring)
+                seed=seed,
+                **llm_kwargs,
+            )
         self._SamplingParams = vllm.SamplingParams
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.sleep_mode = enable_sleep_mode
