@@ -69,7 +69,7 @@ import os
 import random
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -363,17 +363,19 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
           metrics)`` and ``save(path)``); None makes one that picks notebook curves or console lines.
 
     The run folder is locked for as long as the run lives (``run_folder_lock``): a second run on
-    the same folder stops at once instead of writing between this one's lines.
+    the same folder stops at once instead of writing between this one's lines. The rollout policy
+    is the run's own: one with a ``close()`` (vLLM's engine) is closed when the run ends or fails.
 
     Taught in notebooks/06_training_loop.ipynb §2.
     """
     started = time.perf_counter(), time.process_time()  # the run's wall and CPU clocks start at the call
     run_dir = run_dir_for(config, preset_name)
-    with run_folder_lock(run_dir), torch_threads(config.torch_threads):
-        return _train(config, run_dir, preset_name, live, started)
+    with run_folder_lock(run_dir), torch_threads(config.torch_threads), ExitStack() as on_exit:
+        return _train(config, run_dir, preset_name, live, started, on_exit)
 
 
-def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, started: tuple[float, float]) -> RunResult:
+def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, started: tuple[float, float],
+           on_exit: ExitStack) -> RunResult:
     import torch
 
     from helpers.data import load_dataset, write_jsonl
@@ -405,6 +407,8 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
     model, tokenizer = load_model(config)
     trainer = LoRAGRPO(model, config)
     policy = make_policy(config, trainer.model, tokenizer)
+    if hasattr(policy, "close"):  # vLLM's engine holds its memory (the GPU's share, or CPU worker processes) until closed:
+        on_exit.callback(policy.close)  # at the end of the run, or when it fails or is interrupted, not at the kernel's exit
     collect = COLLECTORS[config.collect](config, policy, make_env, combine(config.rewards))
     limits = dict(max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens)
     if live is None:

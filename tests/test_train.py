@@ -186,6 +186,33 @@ def test_short_run_and_kill_resume_give_the_same_numbers(tmp_path, one_thread):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_run_closes_a_policy_that_holds_an_engine_when_it_ends_or_is_killed(tmp_path, one_thread, monkeypatch):
+    """A vLLM policy holds the GPU's share (on CPU, worker processes) until ``close()``; the run closes it at its end,
+    and when it is interrupted, so that a notebook's next cell does not find the memory still taken."""
+    import helpers.policy
+
+    closed = []
+
+    class Closing:  # the real policy, plus the ``close`` that VLLMPolicy has
+        def __init__(self, policy):
+            self.policy = policy
+
+        def __getattr__(self, name):
+            return getattr(self.policy, name)
+
+        def close(self):
+            closed.append(True)
+
+    make_policy = helpers.policy.make_policy
+    monkeypatch.setattr(helpers.policy, "make_policy", lambda *args, **kw: Closing(make_policy(*args, **kw)))
+    small = dict(steps=1, eval_every=0, pass_k=0, save_every=0, log_trajectories_every=0)
+    train(short_config(tmp_path / "ends", **small), live=LiveCurves(None, notebook=False))
+    assert closed == [True]
+    with pytest.raises(KeyboardInterrupt):
+        train(short_config(tmp_path / "killed", **small), live=KillAt(1))
+    assert closed == [True, True]
+
+
 @pytest.mark.slow
 def test_resume_refuses_other_settings_falls_back_past_a_damaged_checkpoint_and_locks_the_folder(tmp_path, one_thread, capsys):
     from helpers.loop import ResumeError, RunFolderBusy, run_folder_lock
