@@ -47,6 +47,8 @@ class ServiceProcess:
         if self.alive():
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
+        if self.process is not None:
+            self.log.close()  # our end of its log file (closing twice, as stop() after kill() does, is fine)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.alive():
