@@ -23,12 +23,13 @@ import argparse
 import shutil
 from pathlib import Path
 
+from helpers.paths import in_repo
+
 DEFAULT_STORE = "runs/serve/store.db"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def open_store(path: str):
-    from helpers.paths import in_repo
     from helpers.service.store import SQLiteStore
 
     return SQLiteStore(in_repo(path))  # a relative --store is the repository root's, where the service's processes run
@@ -96,10 +97,8 @@ def train(args) -> None:
 
 
 def rollback(args) -> None:
-    from helpers.paths import in_repo
-
-    if not in_repo(args.store).is_file():  # opening it would make an empty store, and the message would list no versions
-        raise SystemExit(f"python -m helpers.serve rollback: no store at {in_repo(args.store)}; give the --store "
+    if not (path := in_repo(args.store)).is_file():  # opening it would make an empty store, and the message would list no versions
+        raise SystemExit(f"python -m helpers.serve rollback: no store at {path}; give the --store "
                          f"the server runs on (default {DEFAULT_STORE})")
     store = open_store(args.store)
     try:
@@ -121,8 +120,6 @@ def loadtest(args) -> None:
     import json
 
     from helpers.service.loadtest import run_load_test
-
-    from helpers.paths import in_repo
 
     store = in_repo(args.store)  # the server it starts runs in the repository root: the same file, wherever this runs
     if store.parent.exists():
@@ -149,7 +146,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")
     if command in ("serve", "train"):  # the others take no model of their own (loadtest serves the tiny agent)
         parser.add_argument("--preset", default="tiny-agent")
-    if command in ("serve", "train"):
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process")
     if command == "serve":
         parser.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's checkpoint-N) to start with")
