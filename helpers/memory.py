@@ -175,6 +175,7 @@ class MemoryPlan:
     rows: list[tuple[str, float, str]]
     rollout_gib: float  # peak while sampling (vLLM awake)
     train_gib: float  # peak while training (vLLM asleep, if sleep mode is on)
+    trainer_gib: float  # the trainer process alone while training (what torch's allocator measures there, plus its context)
     kv_needed_gib: float  # KV cache for a whole step's samples at once
     kv_available_gib: float  # what vLLM's share leaves for KV cache (hf backend: the need itself)
     problems: list[str] = field(default_factory=list)  # why it does not fit, with advice
@@ -302,7 +303,7 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
         if not config.use_lora:
             advice.append("train a LoRA adapter instead of the full model")
         problems.append(f"training needs {train:.2f} GiB > {gpu_gb:g} GiB: " + "; ".join(advice) + ".")
-    return MemoryPlan(config, gpu_gb, shape, rows, rollout, train, kv_needed, kv_available, problems, notes)
+    return MemoryPlan(config, gpu_gb, shape, rows, rollout, train, resident + update, kv_needed, kv_available, problems, notes)
 
 
 class DoesNotFitError(MemoryError):

@@ -44,15 +44,13 @@ import helpers.worlds  # noqa: F401  (registers the GPU presets)
 from helpers.config import get_preset
 from helpers.data import Task
 from helpers.grpo import LoRAGRPO
-from helpers.memory import GIB, memory_plan
+from helpers.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
 from helpers.paths import ROOT
 from helpers.rollout import Trajectory
 
 CONFIGS = ROOT / "data" / "model_configs"  # each model's config.json, copied from the hub
 PRESETS = ["gsm8k-24gb-tools", "gsm8k-24gb", "gsm8k-t4-tools", "gsm8k-t4", "bfcl-multiturn-24gb"]
 PRESET_COLUMN = max(map(len, PRESETS)) + 2  # the table's preset column
-TRAINER_TERMS = ("weights (trainer copy)", "LoRA params + grads + AdamW", "CUDA context + allocator slack", "activations",
-                 "logits (chunked log-probs)")
 PROMPT_TOKENS = 256  # the leading tokens of each episode that the policy did not write (mask 0), at most half
 
 
@@ -95,7 +93,6 @@ def check(preset: str, device: str, updates: int, workdir: Path) -> dict:
                          max_total_tokens=64)
     config = replace(config, model=str(folder), device=device)
     plan = memory_plan(config, gpu_gb=torch.cuda.get_device_properties(0).total_memory / GIB if device == "cuda" else 24.0)
-    planned = {name: gib for name, gib, _ in plan.rows if name in TRAINER_TERMS}
 
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[config.dtype]
     with torch.device(device):  # random weights, built where they will live
@@ -117,8 +114,8 @@ def check(preset: str, device: str, updates: int, workdir: Path) -> dict:
     row = {
         "preset": preset, "model": config.model, "dtype": config.dtype,
         "batch": f"{config.tasks_per_step * config.num_generations} x {config.max_total_tokens} tok / {config.grad_accum} micro",
-        "planned_trainer_gib": sum(planned.values()),
-        "planned_without_context_gib": sum(v for k, v in planned.items() if k != "CUDA context + allocator slack"),
+        "planned_trainer_gib": plan.trainer_gib,
+        "planned_without_context_gib": plan.trainer_gib - TRAINER_OVERHEAD_GIB,
         "measured_allocated_gib": torch.cuda.max_memory_allocated() / GIB if device == "cuda" else None,
         "measured_reserved_gib": torch.cuda.max_memory_reserved() / GIB if device == "cuda" else None,
         "seconds_per_update": per_update, "tokens_per_s": tokens / per_update, "loss": stats.get("loss"),
@@ -162,6 +159,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         except KeyError as error:
             raise SystemExit(error.args[0]) from None
     rows = []
+    print(table([]), flush=True)  # the header; each preset's row follows as it is measured, then the whole table
     with tempfile.TemporaryDirectory() as workdir:
         for preset in presets:
             try:

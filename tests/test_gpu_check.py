@@ -78,3 +78,20 @@ def test_shipped_configs_are_qwen25s_shapes():
             model = AutoModelForCausalLM.from_config(config)
         assert sum(p.numel() for p in model.parameters()) == QWEN25[f"Qwen2.5-{name}"].n_params()
         assert config.vocab_size == 151936
+
+
+def test_the_saved_gpu_run_measured_todays_plan():
+    """Notebook 07 and the README set the memory measured on a GPU (``notebooks/runs_saved/gpu_check/``, written by
+    scripts/gpu_check.sh) beside the plan. If a preset's batch or the plan's arithmetic changes, that run no longer
+    measured what the plan says, and this fails until the script runs on a GPU again."""
+    from helpers.memory import memory_plan
+
+    saved = ROOT / "notebooks" / "runs_saved" / "gpu_check"
+    card = json.loads((saved / "gpu_check.json").read_text())
+    rows = json.loads((saved / "memory_check.json").read_text())
+    assert {r["preset"] for r in rows} == {"gsm8k-24gb-tools", "gsm8k-24gb", "gsm8k-t4-tools", "gsm8k-t4", "bfcl-multiturn-24gb"}
+    for r in rows:
+        plan = memory_plan(r["preset"], gpu_gb=card["gpu_gib"])
+        c = plan.config
+        assert r["batch"] == f"{c.tasks_per_step * c.num_generations} x {c.max_total_tokens} tok / {c.grad_accum} micro", r["preset"]
+        assert (r["dtype"], r["planned_trainer_gib"]) == (c.dtype, pytest.approx(plan.trainer_gib, abs=1e-9)), r["preset"]

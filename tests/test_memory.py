@@ -50,6 +50,17 @@ def test_gsm8k_24gb_plan_terms_by_hand():
     assert "fits" in plan.table() and "vLLM: KV cache needed" in str(plan)
 
 
+def test_the_trainer_alone_is_its_resident_state_plus_one_update():
+    """``trainer_gib`` is what scripts/gpu_memory_check.py sets beside torch's measured peak: the trainer's own rows."""
+    own = ("weights (trainer copy)", "LoRA params + grads + AdamW", "CUDA context + allocator slack", "activations", "logits (chunked log-probs)")
+    for preset in ("gsm8k-24gb", "gsm8k-t4-tools", "tiny-cpu"):
+        plan = memory_plan(preset, gpu_gb=24)
+        assert plan.trainer_gib == pytest.approx(sum(row(plan, term) for term in own))
+    assert memory_plan("tiny-cpu", 24).train_gib == memory_plan("tiny-cpu", 24).trainer_gib  # hf backend: no second process
+    asleep = memory_plan("gsm8k-24gb", 24)
+    assert asleep.train_gib - asleep.trainer_gib == pytest.approx(row(asleep, "vLLM: process CUDA context"))  # vLLM asleep keeps its context
+
+
 def test_without_checkpointing_activations_are_all_layers():
     plan = memory_plan(get_preset("gsm8k-24gb", gradient_checkpointing=False), gpu_gb=24)
     assert row(plan, "activations") == pytest.approx(8 * 768 * 28 * 45_568 * 2 / GIB)  # 14.6 GiB
