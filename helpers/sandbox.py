@@ -339,9 +339,16 @@ def _boundary_problem(python: str) -> str | None:
     return None
 
 
+def _interpreter(python: str | None) -> str:
+    """``python`` (default: this one) as an absolute path without ``..``, its links kept (``realpath`` would leave a venv
+    for its base install). Inside, only the interpreter's own folders exist: started as ``../venv/bin/python``,
+    ``sys.executable`` names a folder that is not there, and a relative path would be looked up from ``/sandbox``."""
+    return os.path.abspath(python or sys.executable)
+
+
 def os_isolation(python: str | None = None) -> bool:
     """True when layers 1-3 (the OS boundary) are available for ``python`` (default: this one)."""
-    return _boundary_problem(python or sys.executable) is None
+    return _boundary_problem(_interpreter(python)) is None
 
 
 def require_isolation(who: str, python: str | None = None, allow_unsafe: bool = False) -> None:
@@ -357,7 +364,7 @@ def require_isolation(who: str, python: str | None = None, allow_unsafe: bool = 
 def sandbox_layers(python: str | None = None, limits: Limits | None = None) -> tuple[str, ...]:
     """The layers ``run_python`` puts around the code here (see the module docstring), one short line each."""
     limits = limits or Limits()
-    problem = _boundary_problem(python or sys.executable)
+    problem = _boundary_problem(_interpreter(python))
     if problem is None:
         user = "user namespace, " if os.geteuid() != 0 else ""
         uid = f"uid {SANDBOX_UID}" if os.geteuid() != 0 else "a uid of its own"
@@ -668,7 +675,7 @@ def run_python(code: str, files: dict[str, str] | None = None, stdin: str = "", 
     anything the code does.
     """
     limits = limits or Limits()
-    python = python or sys.executable
+    python = _interpreter(python)
     files = {"main.py": code, **(files or {})}
     for name in files:
         if not name or "/" in name or name in (".", ".."):

@@ -224,6 +224,24 @@ def test_a_venvs_interpreter_runs_behind_the_boundary(python):
     assert result.ok and result.stdout.strip() == os.path.dirname(os.path.dirname(python)), result  # the venv's own prefix
 
 
+def test_an_interpreter_started_through_dotdot_runs_behind_the_boundary(tmp_path, monkeypatch):
+    """Python started as ``../venv/bin/python`` keeps that path in ``sys.executable``. Inside the sandbox only the
+    interpreter's own folders exist, so bwrap could not exec a path through a folder that is not mounted there, and
+    the sandbox refused to run, blaming the namespaces. The same for a relative path, which bwrap looked up from
+    ``/sandbox``."""
+    require_boundary()
+    up = "/".join([".."] * len(tmp_path.parts[1:]))
+    detour = f"{tmp_path}/{up}{sys.executable}"  # /tmp/pytest-of-root/.../../../../work/main/.venv/bin/python
+    assert os.path.samefile(detour, sys.executable)
+    monkeypatch.setattr(sys, "executable", detour)
+    assert os_isolation(), sandbox._boundary_problem(detour)
+    assert run_python("print(6 * 7)", limits=FAST).stdout == "42\n"
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(detour)  # ../../../work/main/.venv/bin/python
+    assert not os.path.isabs(relative) and os_isolation(relative)
+    assert run_python("print(6 * 7)", python=relative, limits=FAST).stdout == "42\n"
+
+
 def test_no_boundary_needs_allow_unsafe_and_warns_every_run(monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "_boundary_problem", lambda python: "bwrap is not installed (test)")
     with pytest.raises(SandboxUnavailable, match="allow_unsafe=True"):
