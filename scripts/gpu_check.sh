@@ -18,8 +18,8 @@
 #    On a CPU it runs the same code on a 1-layer model and a small batch (the code path, not the memory).
 # Where vLLM cannot be imported (a GPU image with torch alone and no network), 1 runs without it and 2 is
 # skipped; the rest runs, and gpu_check.json says what was skipped and why.
-# Writes four files under --out (default: $OUT, else runs/gpu_check): gpu_check.json, memory_check.json,
-# parity_tests.log and gpu_check.log (all this script printed); the runs' folders and the Python it ran
+# Writes up to four files under --out (default: $OUT, else runs/gpu_check): gpu_check.json, memory_check.json,
+# parity_tests.log (when the parity tests ran) and gpu_check.log (all this script printed); the runs' folders and the Python it ran
 # (gpu_check_run.py) go under --runs, so that --out stays a handful of files to bring back from a lent machine.
 #
 # Options:
