@@ -73,7 +73,7 @@ class Task:
 
 
 class DatasetError(ValueError):
-    """Bad input data. The message is one line naming the file and the row."""
+    """Bad input data. The message is one line naming the file, and the row where there is one."""
 
 
 # --- prompts ------------------------------------------------------------------------------
