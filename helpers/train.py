@@ -114,9 +114,14 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
     if not isinstance(getattr(torch, config.dtype, None), torch.dtype):
         return f"--dtype {config.dtype}: not a torch dtype; give float32, bfloat16 or float16"
     try:
-        torch.device(resolve_device(config.device))
+        device = torch.device(resolve_device(config.device))
     except RuntimeError:
         return f"--device {config.device}: not a torch device; give auto, cpu, cuda or cuda:N"
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():  # torch's own refusal is a traceback
+        why = (f"this torch, {torch.__version__}, is built without CUDA" if torch.version.cuda is None
+               else f"{torch.cuda.device_count()} CUDA GPU(s) visible")
+        return (f"--device {config.device}: no such GPU here ({why}); give --device cpu, or auto to use a GPU when one is "
+                "visible (the GPU presets' CPU stand-ins are their smoke presets, e.g. gsm8k-tools-cpu-smoke)")
     if config.backend not in BACKENDS:
         return f"--backend {config.backend}: choose from {', '.join(BACKENDS)}"
     if config.collect not in COLLECTORS:

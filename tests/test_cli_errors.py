@@ -59,6 +59,7 @@ def test_train_refuses_a_negative_seed_in_one_line(tmp_path):
     (["--model", "data/tinyy"], f"--model data/tinyy: no folder {ROOT / 'data/tinyy'}"),  # "couldn't connect to huggingface.co"
     (["--dtype", "bf16"], "--dtype bf16: not a torch dtype"),  # "module 'torch' has no attribute 'bf16'"
     (["--device", "gpu"], "--device gpu: not a torch device"),
+    (["--device", "cuda:99"], "--device cuda:99: no such GPU here ("),  # a traceback after the model loaded
     (["--backend", "vlm"], "--backend vlm: choose from hf, engine, vllm"),
     (["--collect", "group"], "--collect group: choose from "),
     # the rest were tracebacks raised after the run folder was cleared (an earlier run's checkpoints gone)
@@ -79,7 +80,7 @@ def test_train_says_in_one_line_that_a_hub_dataset_is_out_of_reach(tmp_path, mon
 
     monkeypatch.setattr(helpers.train, "look_up", offline)
     monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
-    message = refused(helpers.train.main, ["--preset", "gsm8k-t4", "--out-dir", str(tmp_path / "run")], capsys)
+    message = refused(helpers.train.main, ["--preset", "gsm8k-t4", "--device", "cpu", "--out-dir", str(tmp_path / "run")], capsys)
     assert message.startswith("python -m helpers.train: --dataset gsm8k: Couldn't reach 'openai/gsm8k' on the Hub"), message
     assert "check the connection" in message
 
