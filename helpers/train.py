@@ -24,6 +24,7 @@ world's datasets, environments, presets and collectors), then hands the config t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import types
 import typing
 from dataclasses import fields
@@ -35,6 +36,7 @@ from helpers.envs import check_env_class
 from helpers.loop import COLLECTORS, ResumeError, RunFolderBusy, RunResult, look_up, run_dir_for, train
 from helpers.paths import ROOT
 from helpers.policy import BACKENDS, resolve_device
+from helpers.policy.vllm import MISSING
 
 __all__ = ["RunResult", "build_parser", "main", "refusal", "train"]
 
@@ -124,6 +126,8 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
                 "visible (the GPU presets' CPU stand-ins are their smoke presets, e.g. gsm8k-tools-cpu-smoke)")
     if config.backend not in BACKENDS:
         return f"--backend {config.backend}: choose from {', '.join(BACKENDS)}"
+    if config.backend == "vllm" and importlib.util.find_spec("vllm") is None:  # else a traceback once the model has loaded
+        return f"--backend vllm: {MISSING}"
     if config.collect not in COLLECTORS:
         return f"--collect {config.collect}: choose from {', '.join(sorted(COLLECTORS))}"
     try:  # the registries' own one-line messages: an unknown dataset, reward, env or env option

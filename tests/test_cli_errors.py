@@ -6,6 +6,7 @@ folder was cleared, ``--n 0`` "dataset has no test tasks", ``serve_env --port 99
 (no traceback reaches the user); the other cases call ``main`` in this process, which is the same code and faster.
 """
 
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from helpers.bench import grpo, rollout
 from helpers.evaluate import main as evaluate_main
 from helpers.loop import ResumeError, run_folder_lock
 from helpers.paths import ROOT
+from helpers.policy.vllm import MISSING as VLLM_MISSING
 from helpers.serve import main as serve_main
 from helpers.serve_env import main as serve_env_main
 
@@ -72,6 +74,17 @@ def test_train_refuses_a_bad_flag_before_the_run_starts(flags, reason, tmp_path,
     monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
     message = refused(helpers.train.main, ["--preset", "tiny-agent", "--out-dir", str(tmp_path / "run"), *flags], capsys)
     assert message.startswith(f"python -m helpers.train: {reason}"), message
+
+
+def test_train_refuses_the_vllm_backend_without_vllm_in_one_line(tmp_path, monkeypatch, capsys):
+    """Without vLLM (the README's first install has none) the vllm backend was an ImportError traceback, raised once
+    the model had loaded and the run folder was made."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
+    monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
+    message = refused(helpers.train.main, ["--preset", "tiny-agent", "--backend", "vllm", "--out-dir", str(tmp_path / "run")], capsys)
+    assert message == f"python -m helpers.train: --backend vllm: {VLLM_MISSING}"
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_says_in_one_line_that_a_hub_dataset_is_out_of_reach(tmp_path, monkeypatch, capsys):

