@@ -394,11 +394,6 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
     look_up(config)  # an unknown dataset, env or reward raises here, before the folder's last run is cleared
     checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
-    if checkpoint is None:
-        clear_run_dir(run_dir)
-    (run_dir / TRAJECTORY_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"preset": preset_name, **asdict(config)}, indent=2))
     seed_everything(config.seed)
 
     # Data, environment, reward, model + LoRA trainer, rollout policy, and the world's collector.
@@ -409,6 +404,13 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
     policy = make_policy(config, trainer.model, tokenizer)
     if hasattr(policy, "close"):  # vLLM's engine holds its memory (the GPU's share, or CPU worker processes) until closed:
         on_exit.callback(policy.close)  # at the end of the run, or when it fails or is interrupted, not at the kernel's exit
+    # Only now, with everything loaded (a hub id with a typo, the hub out of reach, an engine that does not start
+    # fail above), does a fresh run replace what an earlier run left in the folder.
+    if checkpoint is None:
+        clear_run_dir(run_dir)
+    (run_dir / TRAJECTORY_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"preset": preset_name, **asdict(config)}, indent=2))
     collect = COLLECTORS[config.collect](config, policy, make_env, combine(config.rewards))
     limits = dict(max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens)
     if live is None:

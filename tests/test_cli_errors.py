@@ -111,6 +111,30 @@ def test_a_run_with_an_unknown_name_keeps_the_folders_last_run(tmp_path):
         assert (run_dir / "checkpoint-20").is_dir() and (run_dir / "metrics.jsonl").read_text() == "{}\n", bad
 
 
+def test_a_model_that_does_not_load_keeps_the_folders_last_run(tmp_path, monkeypatch):
+    """A hub id with a typo, or the hub out of reach, fails only when the model loads: that must come before the
+    folder's last run is cleared, as a notebook calls ``train`` without the command's checks. So must the rollout
+    policy (vLLM's engine can fail to start)."""
+    from helpers.config import get_preset
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoint-20").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+
+    def unreachable(config):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files (simulated)")
+
+    def engine_fails(config, model, tokenizer):
+        raise RuntimeError("vLLM's engine did not start (simulated)")
+
+    for where, failing in [("load_model", unreachable), ("make_policy", engine_fails)]:
+        with monkeypatch.context() as patch:
+            patch.setattr(f"helpers.policy.{where}", failing)
+            with pytest.raises((OSError, RuntimeError), match="simulated"):
+                helpers.loop.train(get_preset("tiny-agent", out_dir=str(run_dir)))
+        assert (run_dir / "checkpoint-20").is_dir() and (run_dir / "metrics.jsonl").read_text() == "{}\n", where
+
+
 def test_train_refuses_an_out_dir_that_is_a_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
     (tmp_path / "notes.txt").write_text("")
