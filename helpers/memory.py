@@ -254,6 +254,7 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
     logits = chunk * shape.vocab * (b + LOGIT_FP32_BYTES) / GIB
     rows.append(("logits (chunked log-probs)", logits, f"{chunk} tok x {shape.vocab} vocab x {b + LOGIT_FP32_BYTES} B"))
     update = activations + logits
+    trainer = resident + update  # the trainer process alone while it trains
 
     # --- the rollout: vLLM's share of the card, or the hf backend's KV cache ---
     kv_b = BYTES[vllm_dtype] if config.backend == "vllm" else b  # the KV cache is in the sampler's dtype
@@ -272,7 +273,7 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
         rows.append(("vLLM: process CUDA context", VLLM_CONTEXT_GIB, "engine process; stays while asleep"))
         rollout = resident + pool + VLLM_CONTEXT_GIB
         asleep = VLLM_CONTEXT_GIB if config.vllm_sleep_mode else pool + VLLM_CONTEXT_GIB
-        train = resident + update + asleep
+        train = trainer + asleep
         if kv_available < kv_per_seq / GIB:
             problems.append(
                 f"vLLM's share ({util} x {gpu_gb:g} = {pool:.2f} GiB) leaves {kv_available:.2f} GiB for KV cache, "
@@ -285,7 +286,7 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
         kv_available = kv_needed
         rows.append(("hf generate: KV cache", kv_needed, f"{sequences} seqs x {seq_len} tok, in the trainer process"))
         rollout = resident + kv_needed
-        train = resident + update
+        train = trainer
 
     if resident > gpu_gb:
         problems.append(f"the trainer's weights and optimizer state alone need {resident:.2f} GiB > {gpu_gb:g} GiB: train a LoRA adapter, or pick a smaller model.")
@@ -303,7 +304,7 @@ def memory_plan(config: TrainConfig | str, gpu_gb: float, logits_chunk_tokens: i
         if not config.use_lora:
             advice.append("train a LoRA adapter instead of the full model")
         problems.append(f"training needs {train:.2f} GiB > {gpu_gb:g} GiB: " + "; ".join(advice) + ".")
-    return MemoryPlan(config, gpu_gb, shape, rows, rollout, train, resident + update, kv_needed, kv_available, problems, notes)
+    return MemoryPlan(config, gpu_gb, shape, rows, rollout, train, trainer, kv_needed, kv_available, problems, notes)
 
 
 class DoesNotFitError(MemoryError):
