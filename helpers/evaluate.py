@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     dataset, or of the benchmark's, drawn from ``--seed`` (generated worlds: a seed training never
     uses gives tasks it never saw).
     """
-    from helpers.policy import load_adapter, load_model, make_policy
+    from helpers.policy import ModelUnavailable, load_adapter, load_model, make_policy
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter, "
                                      "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.",
@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         if args.model is not None or args.api_key is not None:
             parser.error("--model and --api-key name a served model: they need --base-url")
-        model, tokenizer = load_model(config)
+        try:
+            model, tokenizer = load_model(config)
+        except ModelUnavailable as e:
+            parser.error(str(e))
         if args.adapter is not None:
             if not (Path(args.adapter) / "adapter_config.json").is_file():
                 parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")

@@ -35,7 +35,7 @@ from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
 from helpers.envs import check_env_class
 from helpers.loop import COLLECTORS, ResumeError, RunFolderBusy, RunResult, look_up, run_dir_for, train
 from helpers.paths import ROOT
-from helpers.policy import BACKENDS, resolve_device
+from helpers.policy import BACKENDS, ModelUnavailable, resolve_device
 from helpers.policy.vllm import MISSING
 
 __all__ = ["RunResult", "build_parser", "main", "refusal", "train"]
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> RunResult:
     print(f"preset {preset}" + (f" with {args}" if args else ""), flush=True)
     try:
         return train(config, preset_name=preset)
-    except (ResumeError, RunFolderBusy) as e:  # both raised before the first step, with a message that says what to do
-        raise SystemExit(f"python -m helpers.train: {e}") from None
+    except (ResumeError, RunFolderBusy, ModelUnavailable) as e:  # raised before the first step (and before the run
+        raise SystemExit(f"python -m helpers.train: {e}") from None  # folder is cleared), each saying what to do
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ folder was cleared, ``--n 0`` "dataset has no test tasks", ``serve_env --port 99
 """
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -133,6 +134,40 @@ def test_a_model_that_does_not_load_keeps_the_folders_last_run(tmp_path, monkeyp
             with pytest.raises((OSError, RuntimeError), match="simulated"):
                 helpers.loop.train(get_preset("tiny-agent", out_dir=str(run_dir)))
         assert (run_dir / "checkpoint-20").is_dir() and (run_dir / "metrics.jsonl").read_text() == "{}\n", where
+
+
+def test_a_hub_model_that_does_not_load_is_one_line_and_the_folder_keeps_its_last_run(tmp_path):
+    """The real path, offline (no hub is reachable in CI; HF_HUB_OFFLINE=1 makes transformers fail at once instead of
+    retrying): transformers' OSError was a traceback from deep inside its hub code."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoint-20").mkdir(parents=True)
+    result = subprocess.run([sys.executable, "-m", "helpers.train", "--preset", "gsm8k-cpu-smoke", "--model", "nobody/no-such-model",
+                             "--out-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m helpers.train: model nobody/no-such-model: not a folder under"), last
+    assert "check the id and the connection" in last
+    assert (run_dir / "checkpoint-20").is_dir()
+
+
+def test_evaluate_says_in_one_line_that_a_hub_model_does_not_load(monkeypatch, capsys):
+    import transformers
+
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files (simulated)\nCheck your connection.")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", unreachable)
+    message = refused(evaluate_main, ["--benchmark", "gsm8k-sample", "--preset", "gsm8k-24gb", "--n", "2"], capsys)
+    assert message.startswith("python -m helpers.evaluate: error: model Qwen/Qwen2.5-1.5B-Instruct: not a folder under"), message
+    assert "(We couldn't connect to 'https://huggingface.co' to load the files (simulated))" in message
+    # a local folder's own error is left as it is: it names the file that is missing
+    from helpers.config import get_preset
+    from helpers.policy import ModelUnavailable, load_model
+
+    with pytest.raises(OSError, match="simulated") as raised:
+        load_model(get_preset("tiny-agent"))
+    assert not isinstance(raised.value, ModelUnavailable)
 
 
 def test_train_refuses_an_out_dir_that_is_a_file(tmp_path, monkeypatch, capsys):

@@ -30,15 +30,29 @@ def resolve_device(name: str) -> str:
     return name
 
 
+class ModelUnavailable(OSError):
+    """A hub model that did not load (an id with a typo, the hub out of reach and no copy in the cache), in one line
+    that names the model: transformers' own OSError comes as a long traceback from deep inside its hub code."""
+
+
 def load_model(config: TrainConfig):
-    """``(model, tokenizer)`` from a local folder (relative to the repo root) or a hub id, in ``config.dtype``."""
+    """``(model, tokenizer)`` from a local folder (relative to the repo root) or a hub id, in ``config.dtype``.
+
+    Raises ``ModelUnavailable`` when a hub id does not load; a local folder's errors are left as they are."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = ROOT / config.model
     source = str(local) if local.exists() else config.model
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, config.dtype))
-    return model, AutoTokenizer.from_pretrained(source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, config.dtype))
+        return model, AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        if local.exists():  # a local folder's own error (a missing file) already names the file
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelUnavailable(f"model {config.model}: not a folder under {ROOT}, and the Hugging Face Hub did not give it "
+                               f"({reason}); check the id and the connection") from e
 
 
 @contextmanager
