@@ -45,6 +45,19 @@ def test_rollout_bench_engine_contender(rollout_out):
     assert "RATIO engine / transformers, shop world" in rollout.table(rollout_out)
 
 
+def test_rollout_bench_splits_the_shop_rollouts_wall_clock(rollout_out):
+    text = rollout.table(rollout_out)
+    for backend in rollout.default_backends():
+        runs = rollout_out["runs"][f"shop_{backend}"]
+        stats = sorted(runs, key=lambda r: r.tokens_per_s)[1].stats  # the median of two repeats: the faster one
+        assert 0 < stats.generate_s and 0 < stats.env_s and 0 < stats.render_s
+        assert stats.generate_s + stats.env_s + stats.render_s <= stats.total_s
+        line = next(line for line in text.splitlines() if line.startswith(f"SPLIT {runs[0].name}"))
+        assert f"{stats.total_s * 1e3:.0f} ms: policy.generate {stats.generate_s * 1e3:.0f} ms" in line
+        assert "env" in line and "tokenizer" in line and "the rest" in line
+    assert sum(line.startswith("SPLIT") for line in text.splitlines()) == len(rollout.default_backends())
+
+
 def test_rollout_bench_refuses_an_unknown_backend():
     with pytest.raises(SystemExit):
         rollout.main(["--backends", "hf,tpu"])

@@ -50,7 +50,9 @@ change in the machine's load hits all of them alike; each ratio, and each fracti
 is computed within one repeat (the fraction against that repeat's matmul) and reported as the
 median with its spread (min-max) over the repeats. Reported: generated (policy) tokens per second
 over the rollout's whole wall clock, env and chat template included: what the training loop
-waits for. The same seed is used in every repeat, so each of our contenders samples the same
+waits for. For the shop world the median repeat's wall clock is also split (``SPLIT``): inside
+``policy.generate`` (forward passes and sampling draws), the env, the tokenizer, the rest. It says how
+much of the rollout a faster model could shorten at all. The same seed is used in every repeat, so each of our contenders samples the same
 tokens each time: the spread is timing noise alone (TRL's generation draws from torch's global
 generator, not reset between repeats, so its token counts vary too).
 
@@ -104,6 +106,7 @@ class Result:
     episodes: int
     tokens: int  # policy-generated tokens
     seconds: float
+    stats: RolloutStats | None = None  # where the wall clock went (our rollouts; not TRL's generation)
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,7 +114,18 @@ class Result:
 
 
 def _from_stats(name: str, stats: RolloutStats) -> Result:
-    return Result(name, stats.episodes, stats.generated_tokens, stats.total_s)
+    return Result(name, stats.episodes, stats.generated_tokens, stats.total_s, stats)
+
+
+def time_split(result: Result) -> str:
+    """Where one rollout's wall clock went, from its ``RolloutStats``: inside ``policy.generate`` (the model's
+    forward passes and the sampling draws), the env (reset and tool calls), the tokenizer (chat template,
+    decoding), and the rest (the rollout's own bookkeeping)."""
+    s = result.stats
+    parts = {"policy.generate": s.generate_s, "env": s.env_s, "tokenizer": s.render_s}
+    parts["the rest"] = s.total_s - sum(parts.values())
+    return f"{s.total_s * 1e3:.0f} ms: " + ", ".join(
+        f"{name} {seconds * 1e3:.0f} ms ({seconds / s.total_s:.0%})" for name, seconds in parts.items())
 
 
 def flops_per_token(model) -> int:
@@ -325,6 +339,10 @@ def table(out: dict) -> str:
         fraction = spread([100 * f for f in out["fractions"][name]], 1)
         speed = spread([r.tokens_per_s for r in runs], 0)
         lines.append(f"{runs[0].name:42s} {speed:>28s} {fraction + ' %':>22s}  {runs[0].tokens}")
+    for name, runs in out["runs"].items():
+        if name.startswith("shop_"):  # the main job's rollout: why its fraction of the limit is what it is
+            median = sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
+            lines.append(f"SPLIT {median.name}, median repeat: {time_split(median)}")
     for name, values in out["ratios"].items():
         lines.append(f"RATIO {RATIO_LINES[name]}: {spread(values)}x")
     lines.append(f"(load average at the end: {out['load_average']:.2f}; medians over repeats, spread min-max; "
