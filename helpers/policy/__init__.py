@@ -50,7 +50,8 @@ def load_model(config: TrainConfig):
     except OSError as e:
         if local.exists():  # a local folder's own error (a missing file) already names the file
             raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        message = str(e).strip()
+        reason = message.splitlines()[0] if message else type(e).__name__
         raise ModelUnavailable(f"model {config.model}: not a folder under {ROOT}, and the Hugging Face Hub did not give it "
                                f"({reason}); check the id and the connection") from e
 
