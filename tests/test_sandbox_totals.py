@@ -7,6 +7,7 @@ boundary test), and the fallback's own promises are tested with the cgroup switc
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,13 +254,29 @@ def interpreter_for(uid: int) -> str:
     pytest.fail("no interpreter here that a normal user may run")
 
 
+@pytest.fixture
+def helpers_for_others():
+    """A folder holding ``helpers`` that any user may read: the clone, or, where a folder above it shuts others out
+    (a clone under mktemp's 0700), a copy of the package in /tmp, readable by all whatever the umask, removed after."""
+    if others_may_reach(REPO):
+        yield REPO
+        return
+    folder = Path(tempfile.mkdtemp(prefix="workbook-normal-user-", dir="/tmp"))
+    try:
+        shutil.copytree(REPO / "helpers", folder / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="run as a normal user already: the whole suite is this test")
-def test_a_normal_users_run(tmp_path):
+def test_a_normal_users_run(tmp_path, helpers_for_others):
     """Root runs the suite in CI; the normal user's path (a user namespace, no cgroup) runs here as uid 54321."""
     tmp_path.chmod(0o777)
     python = interpreter_for(54321)
-    assert others_may_reach(REPO), f"{REPO}: a folder above the clone shuts other users out (e.g. mktemp's 0700); the normal user cannot import helpers"
-    done = subprocess.run([python, "-c", NORMAL_USER.format(repo=str(REPO), innocent=INNOCENT)], user=54321, group=54321, extra_groups=[], capture_output=True,
+    done = subprocess.run([python, "-c", NORMAL_USER.format(repo=str(helpers_for_others), innocent=INNOCENT)], user=54321, group=54321, extra_groups=[], capture_output=True,
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}, cwd=tmp_path)
     lines = done.stdout.splitlines()
     assert lines[0] == "layers: namespaces (user namespace, pid, net, ipc, uts, mount) by bwrap | no cgroup: memory bounded per process only", done
