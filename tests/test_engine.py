@@ -14,7 +14,7 @@ from helpers.grpo import LoRAGRPO
 from helpers.loop import env_factory
 from helpers.mismatch import Mismatch, logprob_mismatch, score, step_batch
 from helpers.policy import EnginePolicy, HFPolicy, SamplingParams, load_model, make_policy
-from helpers.policy.engine import supports
+from helpers.policy.engine import child_rows, supports
 from helpers.rollout import rollout
 
 LOGPROB_TOLERANCE = 1e-4  # float rounding of other matrix shapes (fused projections, one token at a time)
@@ -131,6 +131,31 @@ def test_refuses_what_it_does_not_compute():
         assert not supports(LlamaForCausalLM(LlamaConfig(**small, **biased)))
     with pytest.raises(ValueError, match="use backend 'hf'"):
         EnginePolicy(model, None)
+
+
+def test_rows_that_agree_are_computed_once(shop):
+    """Each decode step feeds the model one row per distinct sequence so far (a node), not one per prompt: counted
+    from what the prompts sampled, step by step, for G samples of two prompts that agree for a while, then part."""
+    config, model, tokenizer, tasks = shop
+    engine = EnginePolicy(model, tokenizer)
+    fed = []  # rows of each decode step's forward pass
+    forward = engine._forward
+    engine._forward = lambda new, *args: fed.append(new.shape[0]) or forward(new, *args)
+    prompts = [tokenizer.apply_chat_template(t.prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+               for t in tasks[:2] for _ in range(8)]
+    gens = engine.generate(prompts, SamplingParams(config.max_new_tokens, temperature=1.0, seed=5))
+    sampled = [g.token_ids for g in gens]
+    distinct = [len({(tuple(p), tuple(s[: step + 1])) for p, s in zip(prompts, sampled) if len(s) > step + 1})
+                for step in range(max(map(len, sampled)) - 1)]  # the sequences fed back at each step
+    assert fed == [2] + distinct  # the prefill of the two distinct prompts, then the nodes
+    assert 2 < max(distinct) < 16 and sum(distinct) < sum(len(s) - 1 for s in sampled)  # they split, and shared
+
+
+def test_child_rows_keep_first_children_in_their_parents_rows():
+    # child c extends node parent[c]; rows 0..N-1, a node's first child in the node's own row when that row is < N
+    assert child_rows([0, 0, 2, 5]) == [0, 1, 2, 3]
+    assert child_rows([3, 1, 1]) == [0, 1, 2]
+    assert child_rows([4, 4, 1, 0, 9]) == [4, 2, 1, 0, 3]
 
 
 def test_make_policy_engine_backend(shop):

@@ -27,9 +27,10 @@ the way vLLM does, at the scale of one file:
 3. **A static cache in two parts**, preallocated, written in place instead of grown by concatenation:
    the *prompt part* ``(layers, U, kv_heads, T0, head_dim)`` holds each *distinct* prompt of the call
    once (T0 its longest; the shorter ones' last columns are masked), and the *generated part*
-   ``(layers, rows, kv_heads, new tokens, head_dim)`` the keys of what each row samples, one column
-   per step. Live rows are kept at the front of the generated part: when rows finish, each one is
-   swapped with a live row from the back, so a step copies two rows per finished row, not the cache.
+   ``(layers, rows, kv_heads, new tokens, head_dim)`` the keys of what is sampled, a row per node (5.),
+   one column per step. The live nodes are kept at the front of the generated part, a node's first
+   child takes over its row, and a node where prompts finished is copied to a row at the back (kept
+   for their next turn): a step copies the rows of new branches and finished nodes, not the cache.
    Each part is one contiguous block (a view of reused storage of its exact shape): on a CPU, reading
    the same keys out of a wider buffer made the attention 2-3x slower (LOG.md, issue 29).
 4. **Attention for one new token** is small batched matrix products, one softmax over both parts.
@@ -37,6 +38,14 @@ the way vLLM does, at the scale of one file:
    when their turns so far came out the same: 5, 12, 33 and 16 distinct prompts of 96, 96, 96 and 55
    rows in one shop-world step) read their prompt's keys *once*: their queries are stacked into one
    matrix for it (the ``(U, R)`` grid of ``_forward``), as cascade attention does for a shared prefix.
+5. **Rows that agree are computed once.** A row's next logits depend only on its sequence so far, and
+   the G samples of a task often write the same tokens for a while (in that shop-world step, the 4,730
+   tokens sampled were drawn from the logits of 937 distinct sequences). So each step computes one
+   *node* per distinct sequence (prompt and sampled tokens), and every row draws its own token from its
+   node's logits. The rows of a node that drew different tokens go on in different nodes (children),
+   each starting from a copy of the node's keys: the tree of shared prefixes that SGLang's radix cache
+   keeps, grown a token at a time. The draws are still one per row, so the tokens are a row-by-row
+   decode's.
 
 Sampling is ``helpers.policy.hf.sample_next`` over the live rows in their original order, so with
 the same seed the engine draws the same tokens as ``HFPolicy`` and reports the same log-probs (the
@@ -49,8 +58,8 @@ Simplifications, named:
   says whether a model qualifies; ``make_policy`` refuses the backend otherwise.
 * The cache keeps the sequences of the *last* call only (enough for the rollout, whose every call is
   the next turn of the same episodes), copied into the next call's prompt part: no paging, no eviction
-  policy. Prompts share keys only when they are identical, not when they share a prefix (the tree of
-  shared prefixes that vLLM's and SGLang's caches keep).
+  policy. Prompts share keys only when they are identical (and then along the nodes they grow), not when
+  they merely share a prefix, as they do in vLLM's and SGLang's caches.
 * The merged weights are a second copy of the projections (free for the tiny model; for a 1.5B model
   on a GPU, vLLM is the engine to use).
 * A row that reaches the model's last position ends there, with finish reason "length"; from then on
@@ -180,9 +189,9 @@ class EnginePolicy:
         # The last call's cache (module docstring, 3.), keys and values stacked:
         self.prompt_kv = None  # (2, layers, U, kv_heads, T0, head_dim): each distinct prompt once, T0 its longest
         self.prompt_len = None  # (U,) tokens of each prompt row
-        self.gen_kv = None  # (2, layers, rows, kv_heads, new tokens, head_dim): what each row generated
-        self.source = self.slot = None  # (rows,) each row's prompt row, and its place among the rows sharing it
-        self.sharing = 0  # the most rows sharing one prompt row: the grid's width R in ``_forward``
+        self.gen_kv = None  # (2, layers, rows, kv_heads, new tokens, head_dim): what each node generated
+        self.source = self.slot = None  # (N,) each live node's prompt row, and its place among the nodes sharing it
+        self.sharing = 0  # the most nodes sharing one prompt row: the grid's width R in ``_forward``
         self.prompt_storage = "prompt_a"  # the storage of the prompt part (the next call's goes into the other)
         self.cached: dict[tuple, tuple[int, int, int]] = {}  # token sequence -> (cache row, tokens whose keys are there, its prompt row)
 
@@ -195,9 +204,9 @@ class EnginePolicy:
         lengths: (N,) tokens already cached   counts: (N,) real tokens in each row of ``new``
         step:    None for a prefill: the rows are the prompt part's first N rows; the new keys go into them
                  at their positions, and each query sees the keys at its own position and before. Else the
-                 rows are the first N rows of the generated part, one token each (S = 1), the ``step``-th of
-                 this call: its key goes into column ``step``, and the query sees its prompt's row of the
-                 prompt part and the first ``step + 1`` columns of its own row.
+                 rows are the nodes, the first N rows of the generated part, one token each (S = 1), the
+                 ``step``-th of this call: its key goes into column ``step``, and the query sees its prompt's
+                 row of the prompt part and the first ``step + 1`` columns of its own row.
         returns: (N, V) float32 logits
         """
         w = self.w
@@ -300,14 +309,6 @@ class EnginePolicy:
         self.prompt_kv = new
         return reused
 
-    def _move_rows(self, to: torch.Tensor, frm: torch.Tensor, generated: int) -> None:
-        """Copy rows ``frm`` of the generated part (its first ``generated`` columns) to rows ``to``, with their
-        prompt rows and slots; a swap when ``to`` is ``frm`` reordered: the rows are read before any is written."""
-        used = self.gen_kv[:, :, :, :, :generated]
-        used.index_copy_(2, to, used.index_select(2, frm))
-        for t in (self.source, self.slot):
-            t[to] = t[frm]
-
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt, as ``HFPolicy.generate`` does (same draws for the same seed)."""
@@ -323,11 +324,8 @@ class EnginePolicy:
         # Identical prompts (the G samples of a task share their first prompt, and often their first turns)
         # get one row of the prompt part, computed once and read once per step for all of them.
         row_of: dict[tuple, int] = {}
-        source, slot, taken = [], [], Counter()
         for prompt in prompts:
-            source.append(row_of.setdefault(tuple(prompt), len(row_of)))
-            slot.append(taken[source[-1]])
-            taken[source[-1]] += 1
+            row_of.setdefault(tuple(prompt), len(row_of))
         unique = [list(p) for p in row_of]  # in order of first appearance: prompt row u holds unique[u]
         cached_tokens = self._place(unique, width=longest)
 
@@ -337,46 +335,88 @@ class EnginePolicy:
         new = torch.tensor([f + [0] * (S - len(f)) for f in fresh], dtype=torch.long, device=self.device)
         counts = torch.tensor([len(f) for f in fresh], device=self.device)
         self.prompt_len = torch.tensor(cached_tokens, device=self.device) + counts  # (U,)
+        prompt_len = self.prompt_len.tolist()
         logits = self._forward(new, self.prompt_len - counts, counts)  # (U, V)
-        self.source = torch.tensor(source, device=self.device)  # (B,) in the prompts' order to begin with
-        self.slot = torch.tensor(slot, device=self.device)
-        self.sharing = max(taken.values())
-        logits, lengths = logits[self.source], self.prompt_len[self.source]  # (B, V), (B,)
-        # the generated part: a column for every token fed back (all but the last one sampled)
+
+        # The nodes (module docstring, 5.): node n is row n of the generated part, the sequence so far that
+        # the prompts of `live` whose `node_of` is n have in common. To begin with, the unique prompts.
+        source = list(range(len(unique)))  # (N,) each node's prompt row
+        live = list(range(B))  # the prompts still sampling, in their order (HFPolicy's order: a seed gives its draws)
+        node_of = [row_of[tuple(p)] for p in prompts]  # (L,) each live prompt's node
+        # the generated part: a column for every token fed back (all but the last one sampled), a row per node
         self.gen_kv = self._buffer("generated", (2, len(w.layers), B, w.kv_heads, params.max_new_tokens - 1, w.head_dim))
-        order = torch.arange(B, device=self.device)  # (L,) row r of the generated part belongs to prompts[order[r]]
-        finished: dict[int, tuple[int, int, int]] = {}  # prompt -> (row, cached tokens, prompt row), as rows finish
+        kept = B  # rows kept.. of the generated part: the nodes where prompts finished (their keys, for the next turn)
+        finished: dict[int, tuple[int, int, int]] = {}  # prompt -> (row, cached tokens, prompt row), as prompts finish
 
         sampled = Continuations(B)
         for step in range(params.max_new_tokens):
-            # Sample in the prompts' order (as HFPolicy does), so a seed gives the same draws.
-            by_prompt = order.argsort()
-            token, logprob = sample_next(logits[by_prompt], params.temperature, params.top_p, generator)
-            token, logprob = token[by_prompt.argsort()], logprob[by_prompt.argsort()]  # back to row order
-            stopped = sampled.add(order, token, logprob, stop_ids) | (lengths + 1 >= positions)  # (L,): a stop token, or no position left
-            if step == params.max_new_tokens - 1 or bool(stopped.all()):
+            # Each prompt draws from its node's logits, in the prompts' order: the draws of HFPolicy's rows.
+            token, logprob = sample_next(logits[torch.tensor(node_of, device=self.device)], params.temperature,
+                                         params.top_p, generator)  # (L,) each
+            held = [prompt_len[source[n]] + step for n in node_of]  # (L,) tokens whose keys each prompt's node holds
+            stop_token = sampled.add(torch.tensor(live, device=self.device), token, logprob, stop_ids).tolist()
+            stopped = [stop or n + 1 >= positions for stop, n in zip(stop_token, held)]  # or no position left
+            if step == params.max_new_tokens - 1 or all(stopped):
+                for p, n, length in zip(live, node_of, held):
+                    finished[p] = (n, length, source[n])
                 break
-            if bool(stopped.any()):  # finished rows move behind the live ones (their keys are kept for the next turn)
-                live = len(order) - int(stopped.sum())
-                holes = stopped[:live].nonzero().squeeze(-1)  # finished rows in the front part
-                movers = (~stopped[live:]).nonzero().squeeze(-1) + live  # live rows in the back part
-                to, frm = torch.cat([holes, movers]), torch.cat([movers, holes])
-                self._move_rows(to, frm, generated=step)
-                for t in (order, lengths, token):
-                    t[to] = t[frm]
-                self._retire(finished, order[live:], lengths[live:], first_row=live)
-                order, lengths, token = order[:live], lengths[:live], token[:live]
-            logits = self._forward(token[:, None], lengths, torch.ones_like(lengths), step)  # (L, V): one new token per row
-            lengths = lengths + 1
-        self._retire(finished, order, lengths, first_row=0)
+            # The next nodes: one per (node, token) of the prompts that go on; the keys of a node where a prompt
+            # stopped move to a row at the back, kept (the next turn of that episode starts from them).
+            child_of: dict[tuple[int, int], int] = {}  # (node, token) -> child
+            parent, fed, next_live, next_node_of, ending = [], [], [], [], {}
+            for p, n, t, stop, length in zip(live, node_of, token.tolist(), stopped, held):
+                if stop:
+                    if n not in ending:
+                        kept -= 1
+                        ending[n] = kept
+                    finished[p] = (ending[n], length, source[n])
+                    continue
+                if (n, t) not in child_of:
+                    child_of[n, t] = len(parent)
+                    parent.append(n)
+                    fed.append(t)
+                next_live.append(p)
+                next_node_of.append(child_of[n, t])
+            row = child_rows(parent)  # child c becomes node row[c]
+            moves = [(r, n) for r, n in zip(row, parent) if r != n] + [(r, n) for n, r in ending.items()]
+            if moves and step > 0:  # (to, from): each child gets its parent's keys; all are read before any is written
+                to, frm = torch.tensor(moves, device=self.device).T
+                used = self.gen_kv[:, :, :, :, :step]
+                used.index_copy_(2, to, used.index_select(2, frm))
+            child_in = [0] * len(row)  # (N,) the child in each row
+            for c, r in enumerate(row):
+                child_in[r] = c
+            source = [source[parent[c]] for c in child_in]
+            live, node_of = next_live, [row[c] for c in next_node_of]
+            self.source, self.slot, self.sharing = grid(source, self.device)
+            new = torch.tensor([fed[c] for c in child_in], device=self.device)[:, None]  # (N, 1)
+            lengths = self.prompt_len[self.source] + step  # (N,)
+            logits = self._forward(new, lengths, torch.ones_like(lengths), step)  # (N, V): one new token per node
         self.cached = {tuple(prompts[p] + sampled.tokens[p]): where for p, where in finished.items()}
         return sampled.generations()
 
-    def _retire(self, finished: dict[int, tuple[int, int, int]], order: torch.Tensor, lengths: torch.Tensor,
-                first_row: int) -> None:
-        """Note in ``finished`` where the rows of prompts ``order`` ended: rows ``first_row, first_row + 1, ...``
-        of the generated part, with ``lengths`` tokens' keys in the two parts (every token but the last sampled
-        one), and their prompt rows."""
-        sources = self.source[first_row : first_row + len(order)].tolist()
-        for i, (prompt, n, source) in enumerate(zip(order.tolist(), lengths.tolist(), sources)):
-            finished[prompt] = (first_row + i, n, source)
+
+def child_rows(parent: list[int]) -> list[int]:
+    """The rows of the generated part for the next nodes, ``parent[c]`` being the node that child ``c`` extends:
+    rows ``0 .. N-1``, each node's first child in its parent's own row where that row is one of them (its keys
+    are there already: no copy), the other children in the rows left over."""
+    N = len(parent)
+    row: list[int | None] = [None] * N
+    taken = set()
+    for c, n in enumerate(parent):
+        if n < N and n not in taken:
+            row[c] = n
+            taken.add(n)
+    free = iter(r for r in range(N) if r not in taken)
+    return [r if r is not None else next(free) for r in row]
+
+
+def grid(source: list[int], device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each node sits in ``_forward``'s ``(U, R)`` grid: its prompt row ``source`` (N,), its place among the
+    nodes sharing that prompt row (N,), and R, the most nodes sharing one."""
+    taken = Counter()
+    slot = []
+    for u in source:
+        slot.append(taken[u])
+        taken[u] += 1
+    return torch.tensor(source, device=device), torch.tensor(slot, device=device), max(taken.values())
