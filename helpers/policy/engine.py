@@ -345,7 +345,7 @@ class EnginePolicy:
         node_of = [row_of[tuple(p)] for p in prompts]  # (L,) each live prompt's node
         # the generated part: a column for every token fed back (all but the last one sampled), a row per node
         self.gen_kv = self._buffer("generated", (2, len(w.layers), B, w.kv_heads, params.max_new_tokens - 1, w.head_dim))
-        kept = B  # rows kept.. of the generated part: the nodes where prompts finished (their keys, for the next turn)
+        kept = B  # rows kept, ..., B - 1 of the generated part: the nodes where prompts finished (their keys, for the next turn)
         finished: dict[int, tuple[int, int, int]] = {}  # prompt -> (row, cached tokens, prompt row), as prompts finish
 
         sampled = Continuations(B)
