@@ -5,6 +5,7 @@ inside functions (the contract is in pyproject.toml; ``lint-imports`` checks it,
 Bottom to top:
 
     formats, paths, config  the one parser (answer tag, tool calls, numbers, ``judge_answer``); TrainConfig and the preset registry
+    floats        denormal floats flushed to zero (attention's tiny probabilities, off the CPU's slow path)
     data          (数据模块)  Task, the dataset registry, prompts, leak-free splits, TaskSampler, JSONL
     envs          (环境模块)  TRL's environment contract, the ``Episode`` adapter (``step``), registry, checkers, math / calculator / code envs
     sandbox       (环境模块)  untrusted code behind an OS boundary

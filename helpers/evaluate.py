@@ -45,6 +45,7 @@ from pathlib import Path
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
 from helpers.data import DATASET_FAMILIES, DatasetError, load_dataset
+from helpers.floats import flush_denormals
 from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
                                 score_answers)
 from helpers.loop import env_factory
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     uses gives tasks it never saw).
     """
     from helpers.policy import ModelUnavailable, load_adapter, load_model, make_policy
+
+    flush_denormals()  # before torch starts its threads (helpers.floats)
 
     parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter, "
                                      "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.",

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Callable
 
 from helpers.config import TrainConfig
+from helpers.floats import flush_denormals
 from helpers.paths import in_repo
 from helpers.registry import register
 
@@ -369,6 +370,7 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
     Taught in notebooks/06_training_loop.ipynb §2.
     """
     started = time.perf_counter(), time.process_time()  # the run's wall and CPU clocks start at the call
+    flush_denormals()  # attention's tiny probabilities on the CPU's fast path (helpers.floats); no figure changes
     run_dir = run_dir_for(config, preset_name)
     with run_folder_lock(run_dir), torch_threads(config.torch_threads), ExitStack() as on_exit:
         return _train(config, run_dir, preset_name, live, started, on_exit)

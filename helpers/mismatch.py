@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from helpers.config import TrainConfig
+from helpers.floats import flush_denormals
 from helpers.grpo import (IS_MODES, Batch, LoRAGRPO, collate, compute_advantages, group_advantages, group_rewards,
                           group_trajectories, grpo_loss, importance_sampling_metrics, importance_sampling_ratio,
                           token_logprobs)
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vllm", action="append", default=[], metavar="DTYPE", help="also let vLLM sample in DTYPE (repeatable)")
     parser.add_argument("--torch-threads", type=int, default=1)
     args = parser.parse_args(argv)
+    flush_denormals()  # as the main job does (helpers.floats)
     torch.set_num_threads(args.torch_threads)
     config = get_preset(args.preset)
     batch, trainer = step_batch(config)

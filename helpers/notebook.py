@@ -19,6 +19,7 @@ import os
 import platform
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds' datasets, envs, presets and collectors)
+from helpers.floats import flush_denormals
 
 SMOKE: bool = os.environ.get("WORKBOOK_SMOKE", "0") == "1"
 
@@ -48,9 +49,12 @@ def show_versions() -> None:
 
 
 def device_check() -> str:
-    """Print what this machine can run and return the torch device string."""
+    """Print what this machine can run and return the torch device string. On the way, flush denormal floats
+    to zero, before torch starts its threads: attention's tiny probabilities otherwise take the CPU's slow path
+    (``helpers.floats``; the training commands do the same)."""
     import torch
 
+    flush_denormals()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         gib = props.total_memory / 2**30

@@ -23,6 +23,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from helpers.floats import flush_denormals
 from helpers.paths import in_repo
 
 DEFAULT_STORE = "runs/serve/store.db"
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and not argv[0].startswith("-") and argv[0] not in commands:  # argparse would blame an unrecognized argument of serve
         raise SystemExit(f"python -m helpers.serve: unknown command {argv[0]!r}; choose from {', '.join(commands)} (none: serve)")
     command = argv.pop(0) if argv and argv[0] in commands else "serve"
+    flush_denormals()  # before torch starts its threads (helpers.floats)
     parser = argparse.ArgumentParser(prog=f"python -m helpers.serve {command}", description=__doc__.splitlines()[0])
     if command != "simulate":  # the simulation makes its own store, in --out
         parser.add_argument("--store", default=DEFAULT_STORE, help="the SQLite file joining server, trainer and simulation")

@@ -135,6 +135,15 @@ def test_torch_threads_holds_for_the_run_and_is_given_back():
         torch.set_num_threads(threads)
 
 
+def test_a_run_flushes_denormal_floats(tmp_path):
+    """``train`` turns on helpers.floats' mode at its start (the main job, and every notebook's run)."""
+    torch.set_flush_denormal(False)  # (tests before this one may have turned it on)
+    denormal = torch.tensor([1e-39])  # made after: a float converted with the mode on is already 0
+    assert (denormal * 1.0).item() > 0
+    train(short_config(tmp_path, steps=1), live=LiveCurves(tmp_path, notebook=False))
+    assert (denormal * 1.0).item() == 0.0
+
+
 @pytest.fixture
 def one_thread():
     threads = torch.get_num_threads()

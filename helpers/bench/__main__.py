@@ -3,6 +3,8 @@
 import importlib
 import sys
 
+from helpers.floats import flush_denormals
+
 BENCHMARKS = {"rollout": "helpers.bench.rollout", "grpo": "helpers.bench.grpo"}
 
 
@@ -14,6 +16,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not argv or argv[0] not in BENCHMARKS:
         raise SystemExit(usage)
+    flush_denormals()  # as the training commands do, before torch starts its threads (helpers.floats)
     importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
 
 
