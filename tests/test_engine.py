@@ -156,6 +156,30 @@ def test_rows_that_agree_are_computed_once(shop, temperature):
         assert max(distinct) > 2  # nodes split
 
 
+def test_steps_read_only_the_prompt_rows_of_live_nodes(shop):
+    """As prompts finish, a step reads a smaller copy of the prompt part: never a row fewer than its live nodes need,
+    never a quarter more than they need; and the episodes stay transformers' (the copies hold the right keys)."""
+    config, model, tokenizer, tasks = shop
+    sampling = SamplingParams(config.max_new_tokens, 1.0, 1.0, seed=3)
+    limits = dict(group_size=4, sampling=sampling, progress=False, max_steps=config.env_max_steps,
+                  max_total_tokens=config.max_total_tokens)
+    engine = EnginePolicy(model, tokenizer)
+    steps = []  # (prompt rows with a live node, rows read, rows in the prompt part) of each decode step
+    forward = engine._forward
+
+    def counting(new, lengths, counts, step=None):
+        if step is not None:
+            live = len(set(engine.source[: new.shape[0]].tolist()))
+            steps.append((live, engine.read_kv.shape[2], engine.prompt_kv.shape[2]))
+        return forward(new, lengths, counts, step)
+
+    engine._forward = counting
+    got = rollout(tasks, env_factory(config), engine, **limits)
+    assert all(live <= read and 4 * live > 3 * read for live, read, _ in steps)
+    assert any(read < whole for _, read, whole in steps)  # some steps read a smaller copy
+    assert_same_episodes(rollout(tasks, env_factory(config), HFPolicy(model, tokenizer), **limits), got)
+
+
 def test_child_rows_keep_first_children_in_their_parents_rows():
     # child c extends node parent[c]; rows 0..N-1, a node's first child in the node's own row when that row is < N
     assert child_rows([0, 0, 2, 5]) == [0, 1, 2, 3]

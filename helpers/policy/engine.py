@@ -38,6 +38,9 @@ the way vLLM does, at the scale of one file:
    when their turns so far came out the same: 5, 12, 33 and 16 distinct prompts of 96, 96, 96 and 55
    rows in one shop-world step) read their prompt's keys *once*: their queries are stacked into one
    matrix for it (the ``(U, R)`` grid of ``_forward``), as cascade attention does for a shared prefix.
+   The grid is one product over the whole part, so as prompts finish their rows would still be read;
+   once the rows with a live node are a quarter fewer than those read, those alone are copied into a
+   smaller part that later steps read (``_read``; the prompt part itself stays whole for the next call).
 5. **Rows that agree are computed once.** A row's next logits depend only on its sequence so far, and
    the G samples of a task often write the same tokens for a while (in that shop-world step, the 4,730
    tokens sampled were drawn from the logits of 937 distinct sequences). So each step computes one
@@ -190,7 +193,9 @@ class EnginePolicy:
         self.prompt_kv = None  # (2, layers, U, kv_heads, T0, head_dim): each distinct prompt once, T0 its longest
         self.prompt_len = None  # (U,) tokens of each prompt row
         self.gen_kv = None  # (2, layers, rows, kv_heads, new tokens, head_dim): what each node generated
-        self.source = self.slot = None  # (N,) each live node's prompt row, and its place among the nodes sharing it
+        self.read_rows: list[int] = []  # the prompt rows the live nodes read (4.): all of them, or a copy of fewer
+        self.read_kv = self.read_len = None  # their keys and values (2, layers, A, kv_heads, T0, head_dim), their lengths (A,)
+        self.source = self.slot = None  # (N,) each live node's place in ``read_rows``, and its place among the nodes sharing it
         self.sharing = 0  # the most nodes sharing one prompt row: the grid's width R in ``_forward``
         self.prompt_storage = "prompt_a"  # the storage of the prompt part (the next call's goes into the other)
         self.cached: dict[tuple, tuple[int, int, int]] = {}  # token sequence -> (cache row, tokens whose keys are there, its prompt row)
@@ -211,7 +216,7 @@ class EnginePolicy:
         """
         w = self.w
         N, S = new.shape
-        prompt_k, prompt_v = self.prompt_kv  # (layers, U, kv, T0, D) each
+        prompt_k, prompt_v = self.prompt_kv if step is None else self.read_kv  # (layers, U, kv, T0, D) each
         U, T0 = prompt_k.shape[1], prompt_k.shape[3]
         groups, D = w.heads // w.kv_heads, w.head_dim
         positions = lengths[:, None] + torch.arange(S, device=new.device)  # (N, S) absolute positions
@@ -223,7 +228,7 @@ class EnginePolicy:
             write_rows, write_pos = rows[real], positions[real]  # (M,), (M,) where the new keys go
         else:
             source, slot = self.source[:N], self.slot[:N]  # (N,), (N,)
-            hidden = (columns[None, :] >= self.prompt_len[source, None])[:, None, :]  # (N, 1, T0): the prompt's padding
+            hidden = (columns[None, :] >= self.read_len[source, None])[:, None, :]  # (N, 1, T0): the prompt's padding
             # the rows sharing a prompt side by side: row n at (source[n], slot[n]) of a (U, R) grid, the rest zeros
             R = self.sharing
             q_grid = torch.zeros(U, w.kv_heads, R, groups, D, dtype=w.embed.dtype, device=new.device)
@@ -309,7 +314,7 @@ class EnginePolicy:
         self.prompt_kv = new
         return reused
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no_grad, and no autograd bookkeeping at all (version counters): cheaper small ops (LOG.md)
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt, as ``HFPolicy.generate`` does (same draws for the same seed)."""
         if not prompts:
@@ -337,6 +342,7 @@ class EnginePolicy:
         self.prompt_len = torch.tensor(cached_tokens, device=self.device) + counts  # (U,)
         prompt_len = self.prompt_len.tolist()
         logits = self._forward(new, self.prompt_len - counts, counts)  # (U, V)
+        self.read_rows, self.read_kv, self.read_len = list(range(len(unique))), self.prompt_kv, self.prompt_len
 
         # The nodes (module docstring, 5.): node n is row n of the generated part, the sequence so far that
         # the prompts of `live` whose `node_of` is n have in common. To begin with, the unique prompts.
@@ -388,12 +394,25 @@ class EnginePolicy:
                 child_in[r] = c
             source = [source[parent[c]] for c in child_in]
             live, node_of = next_live, [row[c] for c in next_node_of]
-            self.source, self.slot, self.sharing = grid(source, self.device)
+            self._read(source)
             new = torch.tensor([fed[c] for c in child_in], device=self.device)[:, None]  # (N, 1)
-            lengths = self.prompt_len[self.source] + step  # (N,)
+            lengths = self.read_len[self.source] + step  # (N,)
             logits = self._forward(new, lengths, torch.ones_like(lengths), step)  # (N, V): one new token per node
         self.cached = {tuple(prompts[p] + sampled.tokens[p]): where for p, where in finished.items()}
         return sampled.generations()
+
+    def _read(self, source: list[int]) -> None:
+        """Set up the next step's reads of the prompt part for nodes whose prompt rows are ``source`` (N,). As rows
+        finish, fewer prompt rows have a live node, but every step would still read all of them (the grid is one
+        batched product over the part): once the rows with a live node are a quarter fewer than those read, they
+        alone are copied into a smaller part, read from then on (the prompt part itself stays whole: the next
+        call's prompts extend the finished rows)."""
+        live = sorted(set(source))
+        if len(live) <= 3 * len(self.read_rows) // 4:
+            rows = torch.tensor(live, device=self.device)
+            self.read_rows, self.read_kv, self.read_len = live, self.prompt_kv[:, :, rows], self.prompt_len[rows]
+        place = {u: a for a, u in enumerate(self.read_rows)}
+        self.source, self.slot, self.sharing = grid([place[u] for u in source], self.device)
 
 
 def child_rows(parent: list[int]) -> list[int]:
