@@ -211,7 +211,7 @@ class EnginePolicy:
                  at their positions, and each query sees the keys at its own position and before. Else the
                  rows are the nodes, the first N rows of the generated part, one token each (S = 1), the
                  ``step``-th of this call: its key goes into column ``step``, and the query sees its prompt's
-                 row of the prompt part and the first ``step + 1`` columns of its own row.
+                 row of the prompt rows read (``_read``) and the first ``step + 1`` columns of its own row.
         returns: (N, V) float32 logits
         """
         w = self.w
