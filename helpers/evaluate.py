@@ -45,9 +45,9 @@ from pathlib import Path
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
 from helpers.data import DATASET_FAMILIES, DatasetError, load_dataset
-from helpers.floats import flush_denormals
 from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
                                 score_answers)
+from helpers.floats import flush_denormals
 from helpers.loop import env_factory
 
 __all__ = ["evaluate", "main"]

@@ -136,7 +136,7 @@ def test_refuses_what_it_does_not_compute():
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_rows_that_agree_are_computed_once(shop, temperature):
     """Each decode step feeds the model one row per distinct sequence so far (a node), not one per prompt: counted
-    from what G samples of two prompts sampled, step by step. Sampled (T = 1), the samples of a prompt part; greedy,
+    from what G samples of two prompts sampled, step by step. Sampled (T = 1), the samples of a prompt part ways; greedy,
     they never do, so every step feeds at most the two prompts' nodes."""
     config, model, tokenizer, tasks = shop
     engine = EnginePolicy(model, tokenizer)

@@ -7,8 +7,8 @@ import sys
 DENORMAL = 1e-39  # below float32's smallest normal number, 1.2e-38
 
 
-def run(code: str) -> str:
-    """``code`` in a fresh Python (the mode belongs to threads: this test process may have it on already)."""
+def run(code: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh Python (the mode belongs to threads: this test process may have it on already)."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
@@ -50,4 +50,3 @@ device_check()
 print((torch.tensor([{DENORMAL}]) * 1.0).item())
 """)[-1:]
     assert float(value) == 0.0
-
