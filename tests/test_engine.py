@@ -158,7 +158,8 @@ def test_rows_that_agree_are_computed_once(shop, temperature):
 
 def test_steps_read_only_the_prompt_rows_of_live_nodes(shop):
     """As prompts finish, a step reads a smaller copy of the prompt part: never a row fewer than its live nodes need,
-    never a quarter more than they need; and the episodes stay transformers' (the copies hold the right keys)."""
+    never a quarter more than they need; the copies keep the keys transposed in memory, as the products read them
+    (module docstring, 3.); and the episodes stay transformers' (the copies hold the right keys)."""
     config, model, tokenizer, tasks = shop
     sampling = SamplingParams(config.max_new_tokens, 1.0, 1.0, seed=3)
     limits = dict(group_size=4, sampling=sampling, progress=False, max_steps=config.env_max_steps,
@@ -170,7 +171,8 @@ def test_steps_read_only_the_prompt_rows_of_live_nodes(shop):
     def counting(new, lengths, counts, step=None):
         if step is not None:
             live = len(set(engine.source[: new.shape[0]].tolist()))
-            steps.append((live, engine.read_kv.shape[2], engine.prompt_kv.shape[2]))
+            steps.append((live, engine.read_kv[0].shape[1], engine.prompt_kv[0].shape[1]))
+            assert all(keys.transpose(-1, -2).is_contiguous() for keys in (engine.read_kv[0], engine.prompt_kv[0]))
         return forward(new, lengths, counts, step)
 
     engine._forward = counting

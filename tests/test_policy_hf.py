@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers.policy import HFPolicy, SamplingParams, quiet_peft
-from helpers.policy.hf import sample_next
+from helpers.policy.hf import multinomial_one, sample_next
 from helpers.worlds.tinymodel import load_tiny
 
 torch.set_num_threads(1)
@@ -99,6 +99,30 @@ def test_top_p_keeps_only_the_nucleus():
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1))
     greedy, _ = sample_next(logits[:1], temperature=0.0, top_p=1.0)
     assert greedy.tolist() == [0]
+
+
+@pytest.mark.parametrize("sharpness", [0.1, 1.0, 5.0])
+def test_the_draw_is_torch_multinomials(sharpness):
+    """multinomial_one returns torch.multinomial's tokens for the same generator state, over many rows and draws
+    (flat to peaked rows, rows with zeros as top-p leaves them), and leaves the generator where torch leaves it."""
+    logits = torch.randn(300, 442, generator=torch.Generator().manual_seed(1)) * sharpness
+    probs = torch.softmax(logits, -1)
+    probs[::3, 200:] = 0.0  # a nucleus: some tokens cannot be drawn
+    ours, theirs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for _ in range(5):  # successive draws: the generators must stay in step
+        assert torch.equal(multinomial_one(probs, ours), torch.multinomial(probs, 1, generator=theirs).squeeze(-1))
+    assert torch.equal(ours.get_state(), theirs.get_state())
+    torch.manual_seed(3)  # no generator: torch's global one, as torch.multinomial uses
+    a = multinomial_one(probs)
+    torch.manual_seed(3)
+    assert torch.equal(a, torch.multinomial(probs, 1).squeeze(-1))
+
+
+def test_the_draw_refuses_nan_probabilities():
+    with pytest.raises(ValueError, match="finite"):
+        multinomial_one(torch.tensor([[0.5, float("nan")]]))
+    with pytest.raises(ValueError, match="positive sum"):
+        multinomial_one(torch.zeros(2, 3))
 
 
 def test_works_with_a_peft_model(tiny):

@@ -41,6 +41,7 @@ a GPU batch must fit in memory); a stop token is matched by id, not by string.
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 from transformers import DynamicCache
@@ -183,5 +184,27 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely tokens
         sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,); multinomial renormalises
+    token = multinomial_one(probs, generator)  # (B,)
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+def multinomial_one(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V), the very token ``torch.multinomial(probs, 1)`` draws.
+
+    How torch draws it (the exponential race, the Gumbel-max trick; vLLM's sampler races the same
+    way): every token ``v`` gets a waiting time ``q_v ~ Exp(1)``, and the winner is ``argmax p_v / q_v``,
+    which is token ``v`` with probability ``p_v / sum(p)``. On a CPU torch makes each ``q_v`` as
+    ``-log1p(-u)`` of a float64 uniform ``u``, in a scalar loop: ~16 ns a number, V numbers a row, about
+    a tenth of the shop world's rollout (LOG.md, issue 29). The same uniforms from ``torch.rand`` (one
+    float64 each, from the same generator, in the same order) and the same formula, vectorised, give
+    the same float32 waiting times ~2x faster, so the same tokens (``tests/test_policy_hf.py`` checks
+    this against ``torch.multinomial``). Elsewhere (float64 probabilities, a GPU: there torch's draws
+    differ from these) this is ``torch.multinomial`` itself.
+    """
+    if probs.device.type != "cpu" or probs.dtype != torch.float32:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if not bool(((probs >= 0) & (probs < math.inf)).all()) or not bool((probs.sum(-1) > 0).all()):
+        raise ValueError("probabilities must be finite and >= 0 with a positive sum in every row (NaN logits?)")
+    uniform = torch.rand(probs.shape, dtype=torch.float64, generator=generator)  # (B, V)
+    waiting = uniform.neg_().log1p_().neg_().float()  # (B, V): Exp(1), as torch's exponential_ makes them
+    return (probs / waiting).argmax(dim=-1)  # (B,)
