@@ -34,7 +34,7 @@ the way vLLM does, at the scale of one file:
    Each part is one contiguous block (a view of reused storage of its exact shape): on a CPU, reading
    the same keys out of a wider buffer made the attention 2-3x slower (LOG.md, issue 29). The prompt
    part's keys lie transposed in memory, ``(head_dim, T0)`` per head, as the product ``q @ K^T`` reads
-   them: the same numbers 1.5-2.5x faster on a CPU than through a transposed view (the code indexes them
+   them: the same numbers 1.5-2.6x faster on a CPU than through a transposed view (the code indexes them
    through such a view, ``(T0, head_dim)`` like the values).
 4. **Attention for one new token** is small batched matrix products, one softmax over both parts.
    Rows whose prompts are identical (the G samples of a task in the first turn; often in later ones,
