@@ -53,9 +53,9 @@ first observation of a call has its suffix computed the full way above, with the
 (the template only appends; the rendered conversation is the episode's tokens, when the
 episode has not drifted), and again from the assistant turn before it alone; when the two
 agree, every later distinct observation of the call is rendered from that short context
-(its own messages and the turn before them), and the episodes that meet the same
-observation later reuse those tokens. A template that looked further back would pass
-the first check and could be wrong later; ``tests/test_rollout_tokens.py`` renders every
+(its own messages after that same assistant turn, whose tokens are rendered once), and
+the episodes that meet the same observation later reuse those tokens. A template that
+looked further back would pass the first check and could be wrong later; ``tests/test_rollout_tokens.py`` renders every
 world's finished episodes from scratch and compares them token for token.
 
 When an episode ends (``stop_reason``):
@@ -70,8 +70,8 @@ When an episode ends (``stop_reason``):
   count); the episode ends with ``env.truncate("max_tokens")``, reward 0; with
   ``TrainConfig.mask_truncated_completions`` (TRL's option of that name) the trainer leaves
   such cut-off episodes out of the loss instead of treating them as wrong answers;
-* ``timeout``: one env step took longer than ``step_timeout``, or the episode has run
-  longer than ``episode_timeout`` seconds.
+* ``timeout``: one env step took longer than ``step_timeout`` (or the env's own ``step_timeout``,
+  when shorter), or the episode has run longer than ``episode_timeout`` seconds.
 
 Simplifications, named:
 
@@ -81,8 +81,10 @@ Simplifications, named:
   result is ignored and the rollout moves on. The steps run in one thread pool per
   process (starting 32 threads costs more than a turn of the shop world's steps), and
   a step that times out retires that pool: its hung thread stays there, so a hung tool
-  cannot starve later turns. Tools that can truly hang (running code) should enforce
-  their own limit in a subprocess (``helpers.sandbox``).
+  cannot starve later turns. A step's tools run in the pool's thread, not in one of their
+  own as ``Episode`` gives them elsewhere: the pool's timeout is theirs. Tools that can
+  truly hang (running code) should enforce their own limit in a subprocess
+  (``helpers.sandbox``).
 * ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
   it, via ``env.truncate``); the reward module may replace it.
 * Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget
@@ -115,6 +117,7 @@ from tqdm.auto import tqdm
 
 from helpers.data import Task, read_jsonl, write_jsonl
 from helpers.envs import Episode, make_env
+from helpers.envs.episode import steps_timed_by_caller
 from helpers.formats import parse_tool_calls
 from helpers.policy.base import Generation, Policy, SamplingParams
 
@@ -227,18 +230,20 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None, add_genera
 
 
 def observation_tokens(
-    tokenizer, messages: list[dict], new_messages: list[dict], tools: list[dict] | None, tokens_so_far: list[int] | None = None
+    tokenizer, messages: list[dict], new_messages: list[dict], tools: list[dict] | None, tokens_so_far: list[int] | None = None,
+    prefix: list[int] | None = None,
 ) -> list[int]:
     """The tokens that ``new_messages`` add after ``messages`` (which end with an assistant
     turn), from the last end-of-turn on, through the opening of the next assistant turn.
 
     ``tokens_so_far``: the episode's tokens, when they are the canonical tokens of
     ``messages`` (no re-tokenisation drift); then the rendered prefix must equal them.
+    ``prefix``: ``messages`` rendered (without the generation prompt), when the caller has it.
 
     >>> # tiny/Qwen template, after "...</tool_call><|im_end|>" + a tool message "4042":
     >>> # "\\n<|im_start|>user\\n<tool_response>\\n4042\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n"
     """
-    prefix = render(tokenizer, messages, tools, add_generation_prompt=False)
+    prefix = prefix if prefix is not None else render(tokenizer, messages, tools, add_generation_prompt=False)
     full = render(tokenizer, messages + new_messages, tools, add_generation_prompt=True)
     if full[: len(prefix)] != prefix:
         raise ValueError(
@@ -256,16 +261,27 @@ def observation_tokens(
 class TemplateMemo:
     """The chat template of one rollout call, rendered once per distinct prompt and once per
     distinct observation (module docstring: why an observation's tokens depend only on its
-    messages). Keys are the messages and tools as JSON; values are token ids."""
+    messages). Keys are the messages and the tools as JSON; values are token ids."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.prompts: dict[str, list[int]] = {}  # (messages, tools) -> prompt tokens
         self.suffixes: dict[str, list[int]] = {}  # (new messages, tools) -> observation tokens
         self.short_is_exact: bool | None = None  # does the short render give the full one's tokens? (None: not yet seen)
+        self.short_context: list[dict] = []  # the assistant turn short renders follow, and its tokens:
+        self.short_prefix: list[int] = []  # the first observation's own, so its check covers every later one
+        self.tools_json: dict[int, tuple[list[dict] | None, str]] = {}  # id(tools) -> (tools, as JSON): kept, so the id stays theirs
+
+    def key(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """Messages and tools as one string, in their own key order (the template prints them in that order); a
+        value JSON cannot hold is written as its ``str``, as the template prints it. Each episode's tools are
+        one list, written out once."""
+        if id(tools) not in self.tools_json:
+            self.tools_json[id(tools)] = (tools, json.dumps(tools, default=str))
+        return json.dumps(messages, default=str) + "\n" + self.tools_json[id(tools)][1]
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        key = memo_key(messages, tools)
+        key = self.key(messages, tools)
         if key not in self.prompts:
             self.prompts[key] = render(self.tokenizer, messages, tools, add_generation_prompt=True)
         return self.prompts[key]
@@ -277,23 +293,20 @@ class TemplateMemo:
         is rendered the full way, with its checks, and also from a short conversation: the assistant turn
         before it and the new messages, without the tools. Where the two agree (the suffix depends only on
         the new messages and the role before them: module docstring), every later observation of the call
-        is rendered the short way (a few messages instead of the whole conversation and the tools' schemas)."""
-        key = memo_key(new_messages, tools)
+        is rendered the short way, after that same assistant turn (rendered once): a few messages instead of
+        the whole conversation and the tools' schemas."""
+        key = self.key(new_messages, tools)
         if key not in self.suffixes:
             if self.short_is_exact:
-                self.suffixes[key] = observation_tokens(self.tokenizer, messages[-1:], new_messages, None)
+                self.suffixes[key] = observation_tokens(self.tokenizer, self.short_context, new_messages, None, prefix=self.short_prefix)
             else:
                 self.suffixes[key] = observation_tokens(self.tokenizer, messages, new_messages, tools, tokens_so_far)
                 if self.short_is_exact is None:
-                    short = observation_tokens(self.tokenizer, messages[-1:], new_messages, None)
+                    self.short_context = messages[-1:]
+                    self.short_prefix = render(self.tokenizer, self.short_context, None, add_generation_prompt=False)
+                    short = observation_tokens(self.tokenizer, self.short_context, new_messages, None, prefix=self.short_prefix)
                     self.short_is_exact = short == self.suffixes[key]
         return self.suffixes[key]
-
-
-def memo_key(messages: list[dict], tools: list[dict] | None) -> str:
-    """Messages and tools as one string, in their own key order (the template prints them in that
-    order); a value JSON cannot hold is written as its ``str``, as the template prints it."""
-    return json.dumps([messages, tools], default=str)
 
 
 @dataclass
@@ -341,9 +354,11 @@ _ENV_POOL: list[cf.ThreadPoolExecutor] = []  # the pool env steps run in (module
 
 
 def env_pool() -> cf.ThreadPoolExecutor:
-    """The thread pool that runs env steps: one per process, made on first use."""
+    """The thread pool that runs env steps: one per process, made on first use. The rollout times each step
+    taken in it and retires the pool when one overruns, so the steps' tools run in its threads, not in
+    threads of their own (``helpers.envs.episode.steps_timed_by_caller``)."""
     if not _ENV_POOL:
-        _ENV_POOL.append(cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="env-step"))
+        _ENV_POOL.append(cf.ThreadPoolExecutor(max_workers=32, thread_name_prefix="env-step", initializer=steps_timed_by_caller))
     return _ENV_POOL[0]
 
 
@@ -453,7 +468,8 @@ def rollout(
         pool = env_pool()
         futures = {pool.submit(ep.env.step, ep.last_action): ep for ep in live}
         time_left = max(episode_timeout - (t0 - ep.start) for ep in live)
-        done, _ = cf.wait(futures, timeout=max(0.0, min(step_timeout, time_left)))
+        step_limit = min(step_timeout, *(ep.env.step_timeout for ep in live))  # the envs' own limit too: their tools run on the pool
+        done, _ = cf.wait(futures, timeout=max(0.0, min(step_limit, time_left)))
         if len(done) < len(futures):  # a hung step keeps its thread: retire its pool, we do not wait for it
             retire_env_pool(pool)
         stats.env_s += time.perf_counter() - t0
@@ -502,7 +518,7 @@ def _append_turns(episodes: list[_Episode], generations: list[Generation], budge
     If a turn did not end on the eos (it stopped at ``</tool_call>``, or ran out of
     tokens), the template's end-of-turn token is appended with mask 0 (see module docstring).
     The turns' texts are decoded, and encoded again for the drift check, in one batched
-    tokenizer call each.
+    tokenizer call each, once per distinct turn (the G samples of a task often write the same one).
     """
     eos = tokenizer.eos_token_id
     turns = []  # (token_ids, logprobs, finish_reason) of each row, cut to its own budget
@@ -513,11 +529,15 @@ def _append_turns(episodes: list[_Episode], generations: list[Generation], budge
             turns.append((gen.token_ids, gen.logprobs, gen.finish_reason))
     # The text of a turn is its tokens without the eos: the template writes that one itself.
     bodies = [ids[:-1] if ids and ids[-1] == eos else ids for ids, _, _ in turns]
-    texts = tokenizer.batch_decode(bodies, skip_special_tokens=False)
+    distinct = list(dict.fromkeys(map(tuple, bodies)))
+    texts = tokenizer.batch_decode([list(body) for body in distinct], skip_special_tokens=False)
     again = tokenizer(texts, add_special_tokens=False)["input_ids"]  # TITO check: the sampled tokens back?
+    text_of = dict(zip(distinct, texts))
+    drifts = {body for body, encoded in zip(distinct, again) if list(body) != encoded}
 
-    for ep, (token_ids, logprobs, finish_reason), body, text, encoded in zip(episodes, turns, bodies, texts, again):
-        if encoded != body:
+    for ep, (token_ids, logprobs, finish_reason), body in zip(episodes, turns, bodies):
+        text = text_of[tuple(body)]
+        if tuple(body) in drifts:
             stats.retokenize_drift += 1
             ep.drifted = True
         ep.token_ids += token_ids

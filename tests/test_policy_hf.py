@@ -118,9 +118,24 @@ def test_the_draw_is_torch_multinomials(sharpness):
     assert torch.equal(a, torch.multinomial(probs, 1).squeeze(-1))
 
 
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_rows_sharing_logits_draw_as_if_each_had_its_own(temperature, top_p):
+    """sample_next(logits, rows=...) (the engine's nodes: one softmax a node) draws the tokens, and reports the
+    log-probs, of sample_next(logits[rows]), to the last bit."""
+    logits = torch.randn(6, 442, generator=torch.Generator().manual_seed(2)) * 3
+    rows = torch.tensor([0, 0, 3, 1, 3, 3, 5, 0, 2, 2])
+    shared = sample_next(logits, temperature, top_p, torch.Generator().manual_seed(4), rows=rows)
+    own = sample_next(logits[rows], temperature, top_p, torch.Generator().manual_seed(4))
+    assert torch.equal(shared[0], own[0]) and torch.equal(shared[1], own[1])
+
+
 def test_the_draw_refuses_nan_probabilities():
     with pytest.raises(ValueError, match="finite"):
         multinomial_one(torch.tensor([[0.5, float("nan")]]))
+    with pytest.raises(ValueError, match="finite"):
+        multinomial_one(torch.tensor([[0.5, -0.1]]))
+    with pytest.raises(ValueError, match="finite"):
+        multinomial_one(torch.tensor([[0.5, float("inf")]]))
     with pytest.raises(ValueError, match="positive sum"):
         multinomial_one(torch.zeros(2, 3))
 

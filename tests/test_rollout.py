@@ -1,5 +1,6 @@
 """The rollout loop: masks, token-in/token-out, limits, timeouts, sampling, saving, viewing."""
 
+import threading
 import time
 
 import pytest
@@ -141,6 +142,40 @@ def test_hanging_tool_stops_at_its_timeout(tiny):
     assert [t.stop_reason for t in trajs] == ["timeout", "timeout"]
     assert elapsed < 2.0  # did not wait for the 3 s step
     assert env_pool() is not pool  # the hung steps' pool was retired: later steps get threads of their own
+
+
+class ThreadProbe:
+    """An environment on TRL's contract whose tool sleeps as long as asked, then says which thread ran it."""
+
+    def reset(self, **row):
+        return None
+
+    def where(self, seconds: float) -> str:
+        """Sleep, then name the thread that runs this tool.
+
+        Args:
+            seconds: how long to sleep first
+        """
+        time.sleep(seconds)
+        return threading.current_thread().name
+
+
+def test_tools_run_in_the_step_pools_threads_under_the_envs_own_step_timeout(tiny):
+    """Handing each call to a tool thread and back cost more than a shop tool's work: on the rollout's pool,
+    whose wait is the timeout, a step's tools run in the pool's thread; elsewhere they keep a thread of their own."""
+    _, tokenizer = tiny
+    quick = ScriptedPolicy(tokenizer, [format_tool_call("where", {"seconds": 0})])
+    trajs = rollout([TASK], lambda: Episode(ThreadProbe(), max_steps=2), quick, group_size=2, max_steps=2, progress=False)
+    for t in trajs:
+        assert [m["content"].split("_")[0] for m in t.messages if m["role"] == "tool"] == ["env-step"]
+    env = Episode(ThreadProbe())
+    env.reset(TASK)
+    assert env.step(format_tool_call("where", {"seconds": 0})).observation[0]["content"] == "tool-call"
+    # The env's own step_timeout (0.3 s) still bounds its tools, though the rollout's is 10 s.
+    hang = ScriptedPolicy(tokenizer, [format_tool_call("where", {"seconds": 30})])
+    start = time.perf_counter()
+    trajs = rollout([TASK], lambda: Episode(ThreadProbe(), step_timeout=0.3), hang, group_size=2, step_timeout=10.0, progress=False)
+    assert [t.stop_reason for t in trajs] == ["timeout", "timeout"] and time.perf_counter() - start < 2.0
 
 
 def test_episode_timeout(tiny):

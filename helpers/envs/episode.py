@@ -51,6 +51,8 @@ Limits (keyword arguments, ``LIMITS``; TRL has only the first, as ``max_tool_cal
   ``truncated`` with stop_reason ``"max_steps"``.
 * ``step_timeout``: wall-clock seconds for all tool calls of one turn; each call runs in a worker
   thread, and a call that does not return in time ends the episode with stop_reason ``"timeout"``.
+  (In the rollout, whose step pool times each step itself, the calls run in the pool's thread and
+  the rollout ends an episode whose step overruns: ``steps_timed_by_caller``.)
 * ``episode_timeout``: wall-clock seconds from ``reset`` (the policy's generation time counts
   too); checked at each step and bounding each tool call.
 * ``max_observation_chars``: a longer tool result (or feedback) is cut and says so.
@@ -116,9 +118,27 @@ LIMITS = ("max_steps", "step_timeout", "episode_timeout", "max_observation_chars
 def call_with_timeout(fn: Callable[..., object], arguments: dict, timeout: float) -> tuple[bool, object, Exception | None]:
     """Run ``fn(**arguments)`` in a daemon thread: ``(finished, returned value, raised exception)``.
 
-    ``finished`` is False when it did not return within ``timeout`` seconds.
+    ``finished`` is False when it did not return within ``timeout`` seconds. In a thread marked with
+    ``steps_timed_by_caller`` the call runs right here, and always finishes (the caller keeps the time).
     """
+    if getattr(_THIS_THREAD, "timed_by_caller", False):
+        try:
+            return True, fn(**arguments), None
+        except Exception as e:  # the tool's bug must not crash the rollout
+            return True, None, e
     return _TOOL_THREADS.run(fn, arguments, timeout)
+
+
+_THIS_THREAD = threading.local()
+
+
+def steps_timed_by_caller() -> None:
+    """Mark the current thread as one whose owner times every step taken in it, and abandons the thread
+    when a step overruns (the rollout's step pool, ``helpers.rollout.env_pool``, which waits at most the
+    episode's ``step_timeout``). The tools of a step taken there run in that thread: a second thread would
+    only add a handoff there and back, ~80-90 µs on a 2-core VM, several times a shop-world step's own work
+    (~13 µs; LOG.md, issue 29)."""
+    _THIS_THREAD.timed_by_caller = True
 
 
 class ToolThreads:
@@ -154,6 +174,7 @@ class ToolThreads:
 
 
 _TOOL_THREADS = ToolThreads()
+_SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}  # (env class, tool name) -> the tool's signature
 
 
 class Episode:
@@ -295,7 +316,7 @@ class Episode:
             return self._failure(f"unknown tool {call.name!r}; available: {', '.join(self.toolbox)}")
         arguments = typed_arguments(call.arguments, self.schema_of[call.name])  # "37" -> 37 for an int, as in TRL
         try:
-            inspect.signature(tool).bind(**arguments)  # a missing or unexpected argument, without running anything
+            self._signature(call.name).bind(**arguments)  # a missing or unexpected argument, without running anything
         except TypeError as e:
             return self._failure(f"{call.name}: {e}")
         finished, value, error = call_with_timeout(tool, arguments, timeout)
@@ -304,6 +325,14 @@ class Episode:
         if error is not None:
             return self._failure(f"tool raised {type(error).__name__}: {error}")
         return str(value)
+
+    def _signature(self, name: str) -> inspect.Signature:
+        """The signature of tool ``name``: the same for every instance of the env's class, so made once per class
+        (``inspect.signature`` costs ~8 µs a call, against ~13 µs for all the rest of a shop-world step)."""
+        key = (type(self.env), name)
+        if key not in _SIGNATURES:
+            _SIGNATURES[key] = inspect.signature(self.toolbox[name])
+        return _SIGNATURES[key]
 
     def _failure(self, why: str) -> str:
         """A call that could not be made or raised (TRL's ``tools/failure_frequency``; malformed JSON: module docstring)."""

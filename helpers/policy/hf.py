@@ -167,25 +167,33 @@ class Continuations:
         return [Generation(t, lp, f) for t, lp, f in zip(self.tokens, self.logprobs, self.finish)]
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None):
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None,
+                rows: torch.Tensor | None = None):
     """Draw one token per row from ``logits`` (B, V); return the tokens (B,) and their log-probs (B,).
 
     The log-prob is ``log_softmax(logits / temperature)`` at the drawn token (see the module
     docstring); top-p only narrows the set the token is drawn from.
+
+    ``rows`` (L,): draw L tokens, the i-th from row ``rows[i]`` of ``logits``. Rows that share their
+    logits (the engine's nodes) then share their softmax too; the draws and their numbers are those
+    of ``sample_next(logits[rows], ...)``, as each row's softmax is computed on its own.
     """
     if temperature == 0:  # greedy
+        logp = torch.log_softmax(logits, dim=-1)  # (B, V)
         token = logits.argmax(dim=-1)  # (B,)
-        return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
-    probs = logp.exp()
-    if top_p < 1.0:
-        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p.
-        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely tokens
-        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = multinomial_one(probs, generator)  # (B,)
-    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+        token = token if rows is None else token[rows]  # (L,)
+    else:
+        logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
+        probs = logp.exp()
+        if top_p < 1.0:
+            # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p.
+            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely tokens
+            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        token = multinomial_one(probs if rows is None else probs[rows], generator)  # (L,)
+    rows = torch.arange(len(token), device=token.device) if rows is None else rows
+    return token, logp[rows, token]
 
 
 def multinomial_one(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -203,7 +211,8 @@ def multinomial_one(probs: torch.Tensor, generator: torch.Generator | None = Non
     """
     if probs.device.type != "cpu" or probs.dtype != torch.float32:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    if not bool(((probs >= 0) & (probs < math.inf)).all()) or not bool((probs.sum(-1) > 0).all()):
+    low, high = torch.aminmax(probs)  # NaN makes both NaN: the checks below fail on it
+    if not (bool(low >= 0) and bool(high < math.inf) and bool(probs.sum(-1).min() > 0)):
         raise ValueError("probabilities must be finite and >= 0 with a positive sum in every row (NaN logits?)")
     uniform = torch.rand(probs.shape, dtype=torch.float64, generator=generator)  # (B, V)
     waiting = uniform.neg_().log1p_().neg_().float()  # (B, V): Exp(1), as torch's exponential_ makes them
