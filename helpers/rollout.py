@@ -82,9 +82,10 @@ Simplifications, named:
   process (starting 32 threads costs more than a turn of the shop world's steps), and
   a step that times out retires that pool: its hung thread stays there, so a hung tool
   cannot starve later turns. A step's tools run in the pool's thread, not in one of their
-  own as ``Episode`` gives them elsewhere: the pool's timeout is theirs. Tools that can
-  truly hang (running code) should enforce their own limit in a subprocess
-  (``helpers.sandbox``).
+  own as ``Episode`` gives them elsewhere: the pool's timeout is theirs, and a tool that
+  hangs ends its episode here (``info["limit"]`` says so), without the ``tool_failures``
+  count ``Episode``'s own timer adds. Tools that can truly hang (running code) should
+  enforce their own limit in a subprocess (``helpers.sandbox``).
 * ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
   it, via ``env.truncate``); the reward module may replace it.
 * Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget
@@ -469,15 +470,16 @@ def rollout(
         futures = {pool.submit(ep.env.step, ep.last_action): ep for ep in live}
         time_left = max(episode_timeout - (t0 - ep.start) for ep in live)
         step_limit = min(step_timeout, *(ep.env.step_timeout for ep in live))  # the envs' own limit too: their tools run on the pool
-        done, _ = cf.wait(futures, timeout=max(0.0, min(step_limit, time_left)))
+        wait = max(0.0, min(step_limit, time_left))
+        done, _ = cf.wait(futures, timeout=wait)
         if len(done) < len(futures):  # a hung step keeps its thread: retire its pool, we do not wait for it
             retire_env_pool(pool)
         stats.env_s += time.perf_counter() - t0
 
         # 3. Apply each step's result: end the episode, or append the observation as tokens.
         for future, ep in futures.items():
-            if future not in done:
-                finish(ep, "timeout")
+            if future not in done:  # a hung tool too (it runs in the step's thread): a limit ends the episode
+                finish(ep, "timeout", limit=f"the env step did not return within the time limit ({wait:.3g} s)")
                 continue
             try:
                 result = future.result()

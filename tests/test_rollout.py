@@ -176,6 +176,7 @@ def test_tools_run_in_the_step_pools_threads_under_the_envs_own_step_timeout(tin
     start = time.perf_counter()
     trajs = rollout([TASK], lambda: Episode(ThreadProbe(), step_timeout=0.3), hang, group_size=2, step_timeout=10.0, progress=False)
     assert [t.stop_reason for t in trajs] == ["timeout", "timeout"] and time.perf_counter() - start < 2.0
+    assert all("did not return within the time limit (0.3 s)" in t.info["limit"] for t in trajs)
 
 
 def test_episode_timeout(tiny):
