@@ -55,8 +55,9 @@ episode has not drifted), and again from the assistant turn before it alone; whe
 agree, every later distinct observation of the call is rendered from that short context
 (its own messages after that same assistant turn, whose tokens are rendered once), and
 the episodes that meet the same observation later reuse those tokens. A template that
-looked further back would pass the first check and could be wrong later; ``tests/test_rollout_tokens.py`` renders every
-world's finished episodes from scratch and compares them token for token.
+looked further back would pass the first check and could be wrong later;
+``tests/test_rollout_tokens.py`` renders every world's finished episodes from scratch and
+compares them token for token.
 
 When an episode ends (``stop_reason``):
 
