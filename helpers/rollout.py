@@ -535,12 +535,11 @@ def _append_turns(episodes: list[_Episode], generations: list[Generation], budge
     distinct = list(dict.fromkeys(map(tuple, bodies)))
     texts = tokenizer.batch_decode([list(body) for body in distinct], skip_special_tokens=False)
     again = tokenizer(texts, add_special_tokens=False)["input_ids"]  # TITO check: the sampled tokens back?
-    text_of = dict(zip(distinct, texts))
-    drifts = {body for body, encoded in zip(distinct, again) if list(body) != encoded}
+    decoded = {body: (text, list(body) != encoded) for body, text, encoded in zip(distinct, texts, again)}  # -> (text, drifted)
 
     for ep, (token_ids, logprobs, finish_reason), body in zip(episodes, turns, bodies):
-        text = text_of[tuple(body)]
-        if tuple(body) in drifts:
+        text, drifted = decoded[tuple(body)]
+        if drifted:
             stats.retokenize_drift += 1
             ep.drifted = True
         ep.token_ids += token_ids

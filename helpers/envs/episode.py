@@ -115,6 +115,9 @@ from helpers.formats import ToolCall, judge_answer, parse_tool_call, tool_call_b
 LIMITS = ("max_steps", "step_timeout", "episode_timeout", "max_observation_chars", "max_calls_per_step")  # Episode's options
 
 
+_THIS_THREAD = threading.local()
+
+
 def call_with_timeout(fn: Callable[..., object], arguments: dict, timeout: float) -> tuple[bool, object, Exception | None]:
     """Run ``fn(**arguments)`` in a daemon thread: ``(finished, returned value, raised exception)``.
 
@@ -122,14 +125,16 @@ def call_with_timeout(fn: Callable[..., object], arguments: dict, timeout: float
     ``steps_timed_by_caller`` the call runs right here, and always finishes (the caller keeps the time).
     """
     if getattr(_THIS_THREAD, "timed_by_caller", False):
-        try:
-            return True, fn(**arguments), None
-        except Exception as e:  # the tool's bug must not crash the rollout
-            return True, None, e
+        return True, *run_tool(fn, arguments)
     return _TOOL_THREADS.run(fn, arguments, timeout)
 
 
-_THIS_THREAD = threading.local()
+def run_tool(fn: Callable[..., object], arguments: dict) -> tuple[object, Exception | None]:
+    """``(returned value, raised exception)`` of ``fn(**arguments)``: the tool's bug must not crash the rollout."""
+    try:
+        return fn(**arguments), None
+    except Exception as e:
+        return None, e
 
 
 def steps_timed_by_caller() -> None:
@@ -165,10 +170,7 @@ class ToolThreads:
     def _serve(self, inbox: queue.SimpleQueue) -> None:
         while True:
             fn, arguments, box, done = inbox.get()
-            try:
-                box["value"] = fn(**arguments)
-            except Exception as e:  # the tool's bug must not crash the rollout
-                box["error"] = e
+            box["value"], box["error"] = run_tool(fn, arguments)
             self.idle.put(inbox)  # idle again before the caller hears back, so its next call finds this thread
             done.set()
 

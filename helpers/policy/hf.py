@@ -178,12 +178,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     logits (the engine's nodes) then share their softmax too; the draws and their numbers are those
     of ``sample_next(logits[rows], ...)``, as each row's softmax is computed on its own.
     """
+    logp = torch.log_softmax(logits / temperature if temperature else logits, dim=-1)  # (B, V)
     if temperature == 0:  # greedy
-        logp = torch.log_softmax(logits, dim=-1)  # (B, V)
         token = logits.argmax(dim=-1)  # (B,)
         token = token if rows is None else token[rows]  # (L,)
     else:
-        logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
         probs = logp.exp()
         if top_p < 1.0:
             # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p.
