@@ -1,5 +1,6 @@
 """The environments: TRL's contract (check_env_class), the Episode adapter (check_env), scripted episodes, limits, registry."""
 
+import inspect
 import json
 import os
 import threading
@@ -29,6 +30,7 @@ from helpers.envs import (
     register_env,
     run_tests,
     tool_schemas,
+    tool_signatures,
     typed_arguments,
 )
 from helpers.envs.code_env import CODE_TASKS as CODE_TASKS_PATH
@@ -151,6 +153,18 @@ def test_calculator_tool_schema_is_what_trl_renders():
     assert function["parameters"]["required"] == ["expression"]
     assert schema == get_json_schema(CalculatorEnv().calculator) and [schema] == tool_schemas(CalculatorEnv())
     assert make_env("math").tools is None  # no tools: the chat template lists none
+
+
+def test_tool_signatures_are_the_bound_tools_own_once_per_class():
+    """What a call's arguments are bound to: each tool's signature without ``self``, the same for every instance."""
+    first, second = CalculatorEnv(), CalculatorEnv()
+    signatures = tool_signatures(first)
+    assert list(signatures) == ["calculator"]
+    assert signatures == {"calculator": inspect.signature(second.calculator)}
+    assert list(signatures["calculator"].parameters) == ["expression"]
+    signatures.clear()  # the caller's copy: the class's own stays whole
+    assert list(tool_signatures(second)) == ["calculator"]
+    assert tool_signatures(MathEnv()) == {}
 
 
 def test_calculator_env_correct_episode():

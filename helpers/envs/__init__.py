@@ -24,7 +24,7 @@ What counts as an answer is decided in ``helpers.formats`` (``judge_answer``), n
 Taught in notebooks/02_environment.ipynb.
 """
 
-from helpers.envs.base import INFO_KEYS, STOP_REASONS, TRUNCATED, EnvError, StepResult, clip_observation, new_info, tool_methods, tool_schemas, typed_arguments
+from helpers.envs.base import INFO_KEYS, STOP_REASONS, TRUNCATED, EnvError, StepResult, clip_observation, new_info, tool_methods, tool_schemas, tool_signatures, typed_arguments
 from helpers.envs.calculator import CalculatorEnv
 from helpers.envs.check import EnvCheckError, check_env, check_env_class
 from helpers.envs.code_env import CodeEnv, extract_code, load_code_tasks, parse_test, run_tests
@@ -64,5 +64,6 @@ __all__ = [
     "run_tests",
     "tool_methods",
     "tool_schemas",
+    "tool_signatures",
     "typed_arguments",
 ]

@@ -126,7 +126,17 @@ def tool_schemas(env) -> list[dict]:
     return list(_SCHEMAS[type(env)])
 
 
+def tool_signatures(env) -> dict[str, inspect.Signature]:
+    """``{name: inspect.Signature}`` of ``env``'s tools (``tool_methods``, bound: no ``self``), what a call's
+    arguments are bound to before the tool runs. Built once per class, as ``tool_schemas`` is:
+    ``inspect.signature`` costs ~8 us a call, against ~13 us for all the rest of a shop-world step."""
+    if type(env) not in _SIGNATURES:
+        _SIGNATURES[type(env)] = {name: inspect.signature(method) for name, method in tool_methods(env).items()}
+    return dict(_SIGNATURES[type(env)])
+
+
 _SCHEMAS: dict[type, list[dict]] = {}  # env class -> its tools' schemas (read, never changed, by the chat template)
+_SIGNATURES: dict[type, dict[str, inspect.Signature]] = {}  # env class -> its tools' signatures
 
 
 def typed_arguments(arguments: dict, schema: dict | None) -> dict:
