@@ -84,9 +84,9 @@ Simplifications, named:
   a step that times out retires that pool: its hung thread stays there, so a hung tool
   cannot starve later turns. A step's tools run in the pool's thread, not in one of their
   own as ``Episode`` gives them elsewhere: the pool's timeout is theirs, and a tool that
-  hangs ends its episode here (``info["limit"]`` says so), without the ``tool_failures``
-  count ``Episode``'s own timer adds. Tools that can truly hang (running code) should
-  enforce their own limit in a subprocess (``helpers.sandbox``).
+  hangs ends its episode here (``info["limit"]`` says so; ``env.truncate`` counts the call
+  in ``tool_failures``, as ``Episode``'s own timer does). Tools that can truly hang (running
+  code) should enforce their own limit in a subprocess (``helpers.sandbox``).
 * ``reward`` is the env's reward at the end of the episode (0 when a rollout limit ended
   it, via ``env.truncate``); the reward module may replace it.
 * Episodes of one ``rollout`` call share one ``SamplingParams``; a per-row token budget

@@ -141,6 +141,7 @@ def test_hanging_tool_stops_at_its_timeout(tiny):
     elapsed = time.perf_counter() - start
     assert [t.stop_reason for t in trajs] == ["timeout", "timeout"]
     assert elapsed < 2.0  # did not wait for the 3 s step
+    assert all(t.info["tool_failures"] == 0 for t in trajs)  # the env's own step hung, not a tool call
     assert env_pool() is not pool  # the hung steps' pool was retired: later steps get threads of their own
 
 
@@ -177,6 +178,7 @@ def test_tools_run_in_the_step_pools_threads_under_the_envs_own_step_timeout(tin
     trajs = rollout([TASK], lambda: Episode(ThreadProbe(), step_timeout=0.3), hang, group_size=2, step_timeout=10.0, progress=False)
     assert [t.stop_reason for t in trajs] == ["timeout", "timeout"] and time.perf_counter() - start < 2.0
     assert all("did not return within the time limit (0.3 s)" in t.info["limit"] for t in trajs)
+    assert all((t.info["tool_calls"], t.info["tool_errors"], t.info["tool_failures"]) == (1, 1, 1) for t in trajs)  # hung: failed
 
 
 def test_episode_timeout(tiny):

@@ -52,7 +52,8 @@ Limits (keyword arguments, ``LIMITS``; TRL has only the first, as ``max_tool_cal
 * ``step_timeout``: wall-clock seconds for all tool calls of one turn; each call runs in a worker
   thread, and a call that does not return in time ends the episode with stop_reason ``"timeout"``.
   (In the rollout, whose step pool times each step itself, the calls run in the pool's thread and
-  the rollout ends an episode whose step overruns: ``steps_timed_by_caller``.)
+  the rollout ends an episode whose step overruns: ``steps_timed_by_caller``. ``truncate`` then finds
+  the call still running and counts it as hung, as the timer here does.)
 * ``episode_timeout``: wall-clock seconds from ``reset`` (the policy's generation time counts
   too); checked at each step and bounding each tool call.
 * ``max_observation_chars``: a longer tool result (or feedback) is cut and says so.
@@ -221,6 +222,7 @@ class Episode:
         self.stop_reason: str | None = None
         self.info = self._new_info()
         self.started = 0.0  # time.monotonic() at reset
+        self.calling: str | None = None  # the tool whose call is running now, if any
 
     @property
     def name(self) -> str:
@@ -232,7 +234,7 @@ class Episode:
         the last message, as TRL does."""
         if not isinstance(task, Task):
             raise TypeError(f"reset() needs a helpers.data.Task, got {type(task).__name__}")
-        self.task, self.steps, self.stop_reason = task, 0, None
+        self.task, self.steps, self.stop_reason, self.calling = task, 0, None, None
         self.info = self._new_info()
         self.started = time.monotonic()
         try:
@@ -270,7 +272,9 @@ class Episode:
                 break
             self.info["tool_calls"] += 1
             call = parse_tool_call(raw)
+            self.calling = call.name  # until it returns: a caller that stops waiting for this step (truncate) sees it
             result = self._call(call, timeout=step_deadline - time.monotonic())
+            self.calling = None
             if result is None:
                 self.info["tool_errors"] += 1
                 self.info["tool_failures"] += 1
@@ -288,11 +292,15 @@ class Episode:
         """End the episode from outside, e.g. when the rollout's token budget runs out.
 
         Returns the final StepResult (truncated) with the full ``info``, so the rollout records
-        every episode the same way however it ended.
+        every episode the same way however it ended. A tool call still running then (its step's
+        caller stopped waiting for it) is counted as hung, in ``tool_errors`` and ``tool_failures``.
         """
         if stop_reason not in STOP_REASONS:
             raise ValueError(f"unknown stop_reason {stop_reason!r}; expected one of {STOP_REASONS}")
         self._check_can_step()
+        if self.calling is not None:  # the caller stopped waiting for a step whose tool never returned: it hung
+            self.info["tool_errors"] += 1
+            self.info["tool_failures"] += 1
         if self.info["verdict"] is None:
             self.info["verdict"] = "no_answer"
         return self._end(stop_reason)
