@@ -272,13 +272,11 @@ class Episode:
                 break
             self.info["tool_calls"] += 1
             call = parse_tool_call(raw)
-            self.calling = call.name  # until it returns: a caller that stops waiting for this step (truncate) sees it
+            self.calling = call.name  # until it returns; if the episode ends first, _end counts the call as hung
             result = self._call(call, timeout=step_deadline - time.monotonic())
-            self.calling = None
             if result is None:
-                self.info["tool_errors"] += 1
-                self.info["tool_failures"] += 1
                 return self._limit("timeout", f"tool {call.name!r} did not return within the time limit ({self.step_timeout} s per step)")
+            self.calling = None
             messages.append(self._tool_message(result))
 
         if self.steps >= self.max_steps:
@@ -293,14 +291,11 @@ class Episode:
 
         Returns the final StepResult (truncated) with the full ``info``, so the rollout records
         every episode the same way however it ended. A tool call still running then (its step's
-        caller stopped waiting for it) is counted as hung, in ``tool_errors`` and ``tool_failures``.
+        caller stopped waiting for it) is counted as hung (``_end``).
         """
         if stop_reason not in STOP_REASONS:
             raise ValueError(f"unknown stop_reason {stop_reason!r}; expected one of {STOP_REASONS}")
         self._check_can_step()
-        if self.calling is not None:  # the caller stopped waiting for a step whose tool never returned: it hung
-            self.info["tool_errors"] += 1
-            self.info["tool_failures"] += 1
         if self.info["verdict"] is None:
             self.info["verdict"] = "no_answer"
         return self._end(stop_reason)
@@ -368,7 +363,12 @@ class Episode:
 
     def _end(self, stop_reason: str, reward: float = 0.0) -> StepResult:
         """Finish the episode: ``terminated`` when answered, ``truncated`` for any limit or error.
-        An env with ``get_reward`` owns the episode's reward, however it ended (as in TRL)."""
+        An env with ``get_reward`` owns the episode's reward, however it ended (as in TRL). A tool call that
+        has not returned (``step``'s own timer, or a caller that stopped waiting for the step, gave up on it)
+        hung: it counts in ``tool_errors`` and ``tool_failures``."""
+        if self.calling is not None:
+            self.info["tool_errors"] += 1
+            self.info["tool_failures"] += 1
         if self.owns_reward:
             reward = self._env_reward()
         self.stop_reason = stop_reason
