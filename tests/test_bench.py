@@ -35,6 +35,7 @@ def test_rollout_bench_reports_fractions_of_the_limit_and_ratios(rollout_out):
         assert len(rollout_out["ratios"][name]) == 2 and rollout_out[name] > 0
     text = rollout.table(rollout_out)
     assert "LIMIT float32 512x512 matmul" in text and "RATIO ours / TRL generation" in text
+    assert rollout_out["cpu"] and f"thread(s) on {rollout_out['cpu']}: " in text  # a fraction is read with its chip
 
 
 def test_rollout_bench_engine_contender(rollout_out):

@@ -10,7 +10,10 @@ machine can do. So the bench measures that in the same run: the float32 GFLOP/s 
 ``--matmul-size`` matmul, for half a second, at the bench's torch thread count. The default
 side is 512; the model's own matmuls, a batch of rows times weights of 128 x 128 to 128 x 442, are
 smaller and run slower (the engine's at ~70 % of the limit: LOG.md, issue 29). The limit is what
-this machine's matrix multiply delivers, not the chip's datasheet peak.
+this machine's matrix multiply delivers, not the chip's datasheet peak. A rollout of a model this small is
+bound more by the count of small operations in each decoding step than by its arithmetic, so on a chip
+whose matmul is faster the limit rises more than the rollout does and the fraction falls (LOG.md, issue
+29, has the same code measured on two chips): read a fraction with its chip, which the ``LIMIT`` line names.
 
 Each generated token costs ``2 x parameters`` FLOPs: decoding one token multiplies its hidden
 vector by every weight matrix once, one multiply-add (2 FLOPs) per weight (the tied embedding
@@ -80,6 +83,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import platform
 import statistics
 import tempfile
 import time
@@ -132,6 +136,18 @@ def time_split(result: Result) -> str:
 def flops_per_token(model) -> int:
     """FLOPs to generate one token, counted as ``2 x parameters`` (see the module docstring)."""
     return 2 * sum(p.numel() for p in model.parameters())
+
+
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux; elsewhere what ``platform`` knows of it)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
 
 
 def matmul_gflops(size: int = 512, seconds: float = 0.5) -> float:
@@ -305,7 +321,7 @@ def run(num_tasks: int | None = None, group_size: int | None = None, max_new_tok
         return [x.tokens_per_s / y.tokens_per_s for x, y in zip(results[a], results[b])]
 
     fractions = {name: [fraction(name, r, g) for r, g in zip(runs, limit)] for name, runs in results.items()}
-    out = {"runs": results, "order": order, "threads": threads, "load_average": os.getloadavg()[0],
+    out = {"runs": results, "order": order, "threads": threads, "cpu": cpu_name(), "load_average": os.getloadavg()[0],
            "matmul_size": matmul_size, "matmul_gflops_runs": limit, "matmul_gflops": statistics.median(limit),
            "models": models, "flops_per_token": flops, "fractions": fractions,
            "fraction": {name: statistics.median(values) for name, values in fractions.items()},
@@ -332,7 +348,7 @@ RATIO_LINES = {"speedup_vs_one_at_a_time": "batched / one-at-a-time, calculator 
 def table(out: dict) -> str:
     """The results as a text table (median tokens/s, fraction of the limit, spreads) plus the ratios."""
     limit = out["matmul_gflops_runs"]
-    lines = [f"LIMIT float32 {out['matmul_size']}x{out['matmul_size']} matmul at {out['threads']} thread(s): "
+    lines = [f"LIMIT float32 {out['matmul_size']}x{out['matmul_size']} matmul at {out['threads']} thread(s) on {out['cpu']}: "
              f"{spread(limit, 1)} GFLOP/s; FLOPs per generated token = 2 x parameters: "
              + ", ".join(f"{f / 1e6:.2f} M ({path})" for path, f in out["flops_per_token"].items()),
              f"{'':42s} {'tokens/s, median (min-max)':>28s} {'of the limit':>22s}  tokens"]
