@@ -94,7 +94,9 @@ def test_train_says_in_one_line_that_a_hub_dataset_is_out_of_reach(tmp_path, mon
 
     monkeypatch.setattr(helpers.train, "look_up", offline)
     monkeypatch.setattr(helpers.train, "train", lambda *args, **kwargs: pytest.fail("the run started"))
-    message = refused(helpers.train.main, ["--preset", "gsm8k-t4", "--device", "cpu", "--out-dir", str(tmp_path / "run")], capsys)
+    # --backend hf: the hub is tried whatever engine is installed (the preset's vLLM is refused first where it is missing)
+    args = ["--preset", "gsm8k-t4", "--backend", "hf", "--device", "cpu", "--out-dir", str(tmp_path / "run")]
+    message = refused(helpers.train.main, args, capsys)
     assert message.startswith("python -m helpers.train: --dataset gsm8k: Couldn't reach 'openai/gsm8k' on the Hub"), message
     assert "check the connection" in message
 
