@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from helpers.bench import grpo, rollout
+from helpers.lab.bench import grpo, rollout
 
 ENGINE = importlib.util.find_spec("helpers.policy.engine") is not None  # once it exists, the bench must use it
 

