@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers.config import TrainConfig
-from helpers.grpo import LoRAGRPO
 from helpers.ecosystem.trl_bridge import compare_with_trl
+from helpers.grpo import LoRAGRPO
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")

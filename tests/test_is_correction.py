@@ -21,11 +21,11 @@ import torch
 from helpers.config import TrainConfig
 from helpers.grpo import (IS_MODES, LoRAGRPO, collate, group_advantages, group_rewards, grpo_loss,
                           importance_sampling_metrics, importance_sampling_ratio)
-from helpers.loop import env_factory
+from helpers.ecosystem.trl_bridge import import_trl
 from helpers.lab.mismatch import compare_is_with_trl
+from helpers.loop import env_factory
 from helpers.policy import HFPolicy, SamplingParams
 from helpers.rollout import rollout
-from helpers.ecosystem.trl_bridge import import_trl
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 from tests.test_grpo_trl import trained_looking  # a LoRA trainer whose adapter is not zero
 

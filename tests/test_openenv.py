@@ -18,8 +18,8 @@ except ImportError:
 import helpers.worlds  # noqa: F401  (registers the shop world)
 from helpers.config import get_preset
 from helpers.data import load_dataset
-from helpers.envs import Episode, make_env, tool_schemas
 from helpers.ecosystem.remote import RemoteEnv
+from helpers.envs import Episode, make_env, tool_schemas
 from helpers.loop import train
 from helpers.worlds.shop.env import ShopEnv
 

@@ -21,13 +21,13 @@ import pytest
 
 from helpers.config import get_preset
 from helpers.data import load_dataset
+from helpers.ecosystem.trl_bridge import grpo_trainer, import_trl, trl_dataset
 from helpers.envs.base import tool_methods
 from helpers.policy import load_model
 from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rewards import check_answer
 from helpers.rollout import rollout
-from helpers.ecosystem.trl_bridge import grpo_trainer, import_trl, trl_dataset
 from helpers.worlds.shop.env import ShopEnv
 
 # tiny-agent, made small: 2 tasks x 4 episodes a step, each step sampled anew (one update per batch)

@@ -70,8 +70,8 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from helpers.data import Task
 from helpers.config import TrainConfig
+from helpers.data import Task
 from helpers.envs import Episode, make_env
 from helpers.evaluate import Player, build_parser, command
 from helpers.evaluate import main as evaluate_main

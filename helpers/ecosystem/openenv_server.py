@@ -1,6 +1,6 @@
 """Serve a workbook environment as an OpenEnv environment: ``python -m helpers.ecosystem.openenv_server shop --port 8000``.
 
-    python -m helpers.ecosystem.openenv_server shop                                   # http://127.0.0.1:8000, 128 sessions
+    python -m helpers.ecosystem.openenv_server shop            # http://127.0.0.1:8000, 128 sessions
     python -m helpers.ecosystem.openenv_server mypkg.games:Guess --host 0.0.0.0 --max-sessions 256
 
 Any registered env name (``helpers.envs.list_envs()``, the worlds' included) or ``package.module:ClassName``

@@ -1,6 +1,6 @@
 """Environments over the wire: any env on TRL's contract served as an OpenEnv environment, and trained through OpenEnv's client.
 
-    python -m helpers.ecosystem.openenv_server shop --port 8000                     # serve the shop world (one session per episode)
+    python -m helpers.ecosystem.openenv_server shop --port 8000    # serve the shop world (one session per episode)
     OPENENV_URL=http://127.0.0.1:8000 python -m helpers.train --preset tiny-agent --env-class helpers.ecosystem.remote:RemoteEnv
     make_env("helpers.ecosystem.remote:RemoteEnv", base_url="http://127.0.0.1:8000")   # an Episode, as for a local env
     GRPOTrainer(..., environment_factory=remote_env_class("http://127.0.0.1:8000"))  # TRL: the same class

@@ -150,12 +150,12 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         add_config_flags(parser, ServiceConfig, ServiceConfig(), skip=("name",))  # the name is the preset's
     elif command == "train":
         add_config_flags(parser, OnlineConfig, OnlineConfig())
-        parser.add_argument("--max-updates", type=int, default=None, help="stop after this many updates (default: never)")
+        parser.add_argument("--max-updates", type=int, default=None, help="stop after this many updates (None: never)")
     elif command == "loadtest":
         parser.set_defaults(store="runs/serve-loadtest/store.db")
         parser.add_argument("--clients", type=int, default=32)
         parser.add_argument("--seconds", type=float, default=30.0)
-        parser.add_argument("--adapter", default=None, help="the version serving before the swap (default: the tiny agent's model alone)")
+        parser.add_argument("--adapter", default=None, help="the version serving before the swap (None: the tiny agent's model alone)")
     elif command == "rollback":
         parser.add_argument("--version", type=int, required=True)
     else:
