@@ -30,7 +30,7 @@ Contenders, on the same tasks and the same sampling (temperature 1, seed):
    shop world's model (``data/tiny-agent``) with the ``tiny-agent`` preset's limits (turns per
    episode, tokens per turn and per episode): one step of the main job's rollout. Once per
    backend of ``--backends``: ``hf`` (``HFPolicy``, transformers) and ``engine``
-   (``helpers.policy.engine.EnginePolicy``); by default both when the engine module exists.
+   (``helpers.policy.engine.EnginePolicy``); by default both.
    Before each of its rollouts the policy is synced with the model (``policy.sync``), as the loop
    does after every update: the engine's cache of the repeat before is forgotten, so no repeat
    starts from another's keys and values. The sync itself is not timed.
@@ -81,7 +81,6 @@ measured over.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import statistics
@@ -99,6 +98,7 @@ from helpers.ecosystem.trl_bridge import trl_trainer
 from helpers.envs import make_env
 from helpers.paths import TINY_DIR
 from helpers.policy import HFPolicy, SamplingParams
+from helpers.policy.engine import EnginePolicy
 from helpers.policy.vllm import VLLMPolicy
 from helpers.rollout import RolloutStats, rollout
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
@@ -208,19 +208,11 @@ def vllm_policy(tokenizer, num_sequences: int, max_total_tokens: int):
     return policy
 
 
-def default_backends() -> tuple[str, ...]:
-    """Both backends when ``helpers.policy.engine`` exists, else transformers alone. A module that
-    exists but fails to import is an error when the policy is made, not a contender left out."""
-    return BACKENDS if importlib.util.find_spec("helpers.policy.engine") else ("hf",)
-
-
 def shop_policy(backend: str, model, tokenizer):
     """The shop world's policy for ``backend``, warmed up (first-call overhead is not what is measured)."""
     if backend == "hf":
         policy = HFPolicy(model, tokenizer)
     else:
-        from helpers.policy.engine import EnginePolicy
-
         policy = EnginePolicy(model, tokenizer)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
     return policy
@@ -239,12 +231,11 @@ def run(num_tasks: int | None = None, group_size: int | None = None, max_new_tok
 
     ``num_tasks`` x ``group_size`` episodes per rollout (default: the ``tiny-agent`` preset's step);
     ``max_new_tokens`` per turn in the calculator world and the single-turn comparison (the shop
-    world takes its preset's); ``backends``: the shop world's, from ``BACKENDS`` (default
-    ``default_backends()``).
+    world takes its preset's); ``backends``: the shop world's, from ``BACKENDS`` (default: all).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    backends = tuple(backends or default_backends())
+    backends = tuple(backends or BACKENDS)
     if not backends or set(backends) - set(BACKENDS):
         raise ValueError(f"backends must be some of {BACKENDS}, got {backends}")
     torch.set_num_threads(threads)
