@@ -18,8 +18,13 @@ Bottom to top:
     worlds        one folder per world (arithmetic, shop, selfplay, gsm8k, reasoning_gym, humaneval): tasks, env, presets, warm start;
                   they register themselves; ``worlds.tinymodel``: the tiny models' template, tokenizer, shape
     train, evaluate   the commands (``python -m helpers.train``, ``python -m helpers.evaluate``); they import the worlds
-    trl_compat    everything that touches TRL: config mapping, reward adapter, environment_factory, loss cross-check
-    viewer, memory, pitfalls, notebook, bench   pictures, GPU memory plan, preflight checklist, the notebooks' opening, benchmarks
+    viewer, notebook  pictures; the notebooks' opening
+
+Side rooms, which import the core and which the core never imports:
+
+    ecosystem     TRL's trainer (``trl_bridge``), OpenAI-compatible endpoints, OpenEnv serving and its remote env
+    serve         the agent as a service that keeps learning from its users (``python -m helpers.serve``)
+    lab           benchmarks, the train-inference mismatch, the GPU memory plan, the preflight checklist
 
 Data flows one way:
     Task -> env.reset -> (policy acts -> env tools, via Episode.step)* -> Trajectory -> reward -> advantages -> GRPO update

@@ -6,7 +6,6 @@
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
     python -m helpers.evaluate --preset tiny-kuhn --adapter runs/tiny-kuhn-seed0/checkpoint-40 --opponent mymodule:my_player --n 240
     python -m helpers.evaluate --benchmark bfcl --answers result/                       # BFCL's result files: its per-category accuracy
-    python -m helpers.evaluate --preset tiny-agent --base-url http://127.0.0.1:8000/v1   # a served model (vllm serve ...)
 
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
@@ -28,29 +27,29 @@ exceptions (each forfeits its hand, counted) and the policy's exact exploitabili
 (``helpers.worlds.games``). ``--temperature 1`` plays the policy's own mixed strategy; greedy (the
 default) always plays its likelier move.
 
-``--base-url URL`` plays the episodes through any OpenAI-compatible endpoint instead of a local model
-(``helpers.endpoint``: chat completions with the env's tools; the same envs, judges and metrics):
-``--model`` names the served model (default: the first the server lists), the key is
-``OPENAI_API_KEY`` (or ``--api-key``). The preset then gives only the tasks, env and limits.
+``main`` takes the parser and the player from its caller: ``python -m helpers.ecosystem.endpoint`` is this
+command with an OpenAI-compatible endpoint playing the episodes instead of a local model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
-from helpers.config import DEFAULT_PRESET, PRESETS, get_preset
+from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
 from helpers.data import DATASET_FAMILIES, DatasetError, load_dataset
 from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
                                 score_answers)
 from helpers.floats import flush_denormals
 from helpers.loop import env_factory
+from helpers.policy import ModelUnavailable, load_adapter, load_model, make_policy
 
-__all__ = ["evaluate", "main"]
+__all__ = ["Player", "build_parser", "command", "evaluate", "local_model", "main"]
 
 
 def benchmark_metrics(result: EvalResult, k: int) -> dict:
@@ -67,27 +66,11 @@ def benchmark_metrics(result: EvalResult, k: int) -> dict:
     return metrics
 
 
-def no_server(base_url: str) -> str:
-    return f"--base-url {base_url}: no server answers there; start it first (vllm serve MODEL ...), or check the host, the port and the /v1"
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T] [--k K]
-    [--max-new-tokens M] [--benchmark NAME [--answers FILE]] [--base-url URL [--model NAME] [--api-key KEY]]``
-
-    Prints one JSON line: success (greedy, or sampled at ``--temperature`` when it is > 0),
-    pass@k, tool calls and turns per episode, and the failure kinds; with ``--benchmark`` also the
-    benchmark's own metrics (the module docstring). The tasks are the test split of the preset's
-    dataset, or of the benchmark's, drawn from ``--seed`` (generated worlds: a seed training never
-    uses gives tasks it never saw).
-    """
-    from helpers.policy import ModelUnavailable, load_adapter, load_model, make_policy
-
-    flush_denormals()  # before torch starts its threads (helpers.floats)
-
-    parser = argparse.ArgumentParser(prog="python -m helpers.evaluate", description="Held-out evaluation of a base model or a saved LoRA adapter, "
-                                     "on a preset's tasks or a public benchmark's; or a benchmark's score of a file of outputs.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+def build_parser(prog: str = "python -m helpers.evaluate",
+                 description: str = "Held-out evaluation of a base model or a saved LoRA adapter, on a preset's tasks or a "
+                                    "public benchmark's; or a benchmark's score of a file of outputs.") -> argparse.ArgumentParser:
+    """The command's flags; a caller that plays the episodes another way adds its own (``helpers.ecosystem.endpoint``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="benchmarks (--benchmark NAME):\n" + "\n".join(f"  {line}" for line in describe_benchmarks(set(DATASET_FAMILIES))))
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model, dataset, env and limits")
     parser.add_argument("--adapter", default=None, help="a checkpoint folder (or any saved peft adapter); default: the base model")
@@ -103,10 +86,54 @@ def main(argv: list[str] | None = None) -> dict:
                         help="a game preset: play against this function (observation, legal_moves) -> move, seats balanced")
     parser.add_argument("--answers", default=None, metavar="FILE",
                         help="with --benchmark: score this file of model outputs, one {task_id, completion} per line, without a model")
-    parser.add_argument("--base-url", default=None, metavar="URL",
-                        help="an OpenAI-compatible endpoint (http://host:port/v1) plays the episodes instead of a local model")
-    parser.add_argument("--model", default=None, help="with --base-url: the served model's name (default: the first it lists)")
-    parser.add_argument("--api-key", default=None, help="with --base-url: the API key (default: the OPENAI_API_KEY variable)")
+    return parser
+
+
+@dataclass
+class Player:
+    """Who plays the episodes: ``play(tasks, env_factory, **options) -> EvalResult`` (``evaluate``'s arguments after
+    the policy), the columns that name it in the result line, the config it plays under, and, for a local model,
+    the model and tokenizer (a game's exact exploitability reads the model's logits)."""
+
+    play: Callable[..., EvalResult]
+    source: dict
+    config: TrainConfig
+    model: object = None
+    tokenizer: object = None
+
+
+def local_model(args: argparse.Namespace, config: TrainConfig, parser: argparse.ArgumentParser) -> Player:
+    """The preset's model, with ``--adapter`` on it, playing through the preset's backend."""
+    try:
+        model, tokenizer = load_model(config)
+    except ModelUnavailable as e:
+        parser.error(str(e))
+    if args.adapter is not None:
+        if not (Path(args.adapter) / "adapter_config.json").is_file():
+            parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
+        model = load_adapter(model, args.adapter)
+    model.eval()
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and config.max_total_tokens > positions:  # a benchmark's budget, cut to what the model can read: a
+        config = replace(config, max_total_tokens=positions)  # longer prompt ends its episode unplayed (truncated, 0)
+    return Player(partial(evaluate, make_policy(config, model, tokenizer)), {"adapter": args.adapter}, config, model, tokenizer)
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+         player: Callable[[argparse.Namespace, TrainConfig, argparse.ArgumentParser], Player] = local_model) -> dict:
+    """``python -m helpers.evaluate --preset P [--adapter DIR] [--n N] [--seed S] [--temperature T] [--k K]
+    [--max-new-tokens M] [--benchmark NAME [--answers FILE]]``
+
+    Prints one JSON line: success (greedy, or sampled at ``--temperature`` when it is > 0),
+    pass@k, tool calls and turns per episode, and the failure kinds; with ``--benchmark`` also the
+    benchmark's own metrics (the module docstring). The tasks are the test split of the preset's
+    dataset, or of the benchmark's, drawn from ``--seed`` (generated worlds: a seed training never
+    uses gives tasks it never saw). ``parser`` (default ``build_parser()``) and ``player`` (default
+    ``local_model``) let another command play the episodes its own way.
+    """
+    flush_denormals()  # before torch starts its threads (helpers.floats)
+
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error(f"--n {args.n}: give 1 or more held-out tasks")
@@ -140,36 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
             config = replace(config, **benchmark.config_for(args.benchmark))
     if args.max_new_tokens is not None:
         config = replace(config, max_new_tokens=args.max_new_tokens)
-    unreachable = ()  # the error that means no server answers at --base-url; none for a local model
-    if args.base_url is not None:  # a served model plays the episodes (helpers.endpoint): the same tasks, envs and numbers
-        if args.adapter is not None:
-            parser.error("--adapter goes on a local model; serve the adapter with the model instead (vllm serve ... --lora-modules)")
-        from openai import APIConnectionError
-
-        from helpers.endpoint import Endpoint, evaluate_endpoint
-
-        unreachable = APIConnectionError
-        try:
-            endpoint = Endpoint(args.base_url, model=args.model, api_key=args.api_key)
-        except APIConnectionError:  # without --model it asks the server for its models
-            parser.error(no_server(args.base_url))
-        play, source = partial(evaluate_endpoint, endpoint), {"base_url": args.base_url, "model": endpoint.model}
-    else:
-        if args.model is not None or args.api_key is not None:
-            parser.error("--model and --api-key name a served model: they need --base-url")
-        try:
-            model, tokenizer = load_model(config)
-        except ModelUnavailable as e:
-            parser.error(str(e))
-        if args.adapter is not None:
-            if not (Path(args.adapter) / "adapter_config.json").is_file():
-                parser.error(f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint-<step> folder of a run)")
-            model = load_adapter(model, args.adapter)
-        model.eval()
-        positions = getattr(model.config, "max_position_embeddings", None)
-        if positions and config.max_total_tokens > positions:  # a benchmark's budget, cut to what the model can read: a
-            config = replace(config, max_total_tokens=positions)  # longer prompt ends its episode unplayed (truncated, 0)
-        play, source = partial(evaluate, make_policy(config, model, tokenizer)), {"adapter": args.adapter}
+    played = player(args, config, parser)
+    config = played.config
     tasks = load_dataset(config.dataset, "test", args.n, seed=args.seed)
     if args.opponent is not None:  # a game world's hands: the opponent is the task's `opponent` column
         if config.dataset != "kuhn_poker":
@@ -184,13 +183,10 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(str(e))
         tasks = [replace(t, metadata={**t.metadata, "opponent": args.opponent}) for t in tasks]
     k = config.pass_k if args.k is None else args.k
-    try:
-        result = play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
-                      greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
-                      max_total_tokens=config.max_total_tokens, seed=args.seed)
-    except unreachable:  # with --model the first request is the first turn's (or the server went away mid-run)
-        parser.error(no_server(args.base_url))
-    line = {"preset": args.preset, **source, "seed": args.seed, "temperature": args.temperature,
+    result = played.play(tasks, env_factory(config), k=k, temperature=args.temperature or config.temperature,
+                         greedy=args.temperature == 0, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
+                         max_total_tokens=config.max_total_tokens, seed=args.seed)
+    line = {"preset": args.preset, **played.source, "seed": args.seed, "temperature": args.temperature,
             **result.metrics, "failures": breakdown(result.records)}
     if benchmark is not None:
         line = {"benchmark": args.benchmark, **line, **benchmark_metrics(result, k)}
@@ -199,14 +195,22 @@ def main(argv: list[str] | None = None) -> dict:
         from helpers.worlds.games.strength import exploitability, move_table
 
         line.update(opponent=args.opponent, **match_report(result.trajectories))
-        if args.base_url is None:  # the exact measure reads the local model's logits
-            line["exploitability"] = exploitability(move_table(model, tokenizer))
+        if played.model is not None:  # the exact measure reads the local model's logits
+            line["exploitability"] = exploitability(move_table(played.model, played.tokenizer))
     print(json.dumps(line))
     return line
 
 
-if __name__ == "__main__":
+def command(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+            player: Callable[[argparse.Namespace, TrainConfig, argparse.ArgumentParser], Player] = local_model) -> dict:
+    """``main`` as a shell command: a missing or malformed ``--answers`` file, a benchmark member that does not
+    exist (a ``DatasetError``, which ``main`` raises for its callers and tests) exits with its one line."""
+    parser = parser or build_parser()
     try:
-        main()
-    except DatasetError as e:  # a missing or malformed --answers file, a benchmark member that does not exist: its one line
-        raise SystemExit(f"python -m helpers.evaluate: error: {e}") from None  # (main raises it, for its callers and tests)
+        return main(argv, parser, player)
+    except DatasetError as e:
+        raise SystemExit(f"{parser.prog}: error: {e}") from None
+
+
+if __name__ == "__main__":
+    command()

@@ -214,7 +214,7 @@ def evaluate(
     ``env_factory`` and the limits are passed to ``helpers.rollout.rollout`` unchanged, so an
     evaluation episode is exactly a training episode. ``seed`` fixes the samples: two
     evaluations of the same policy give the same numbers. ``play`` is what plays the episodes,
-    with ``rollout``'s arguments: ``helpers.endpoint.chat_rollout`` for a served model.
+    with ``rollout``'s arguments: ``helpers.ecosystem.endpoint.chat_rollout`` for a served model.
 
     Taught in notebooks/06_training_loop.ipynb §1.
     """

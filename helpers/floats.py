@@ -24,7 +24,7 @@ time (LOG.md). TensorFlow flushes by default; PyTorch leaves the choice to the u
 Simplification, named: the bits belong to a CPU thread. ``torch.set_flush_denormal`` sets them for
 the thread that calls it; a thread started afterwards inherits them (POSIX), one already running keeps
 its own. torch computes on a pool of threads it starts at its first parallel operation, so the commands
-(``helpers.train``, ``helpers.evaluate``, ``helpers.bench``, ...) and each notebook's ``device_check``
+(``helpers.train``, ``helpers.evaluate``, ``helpers.lab.bench``, ...) and each notebook's ``device_check``
 call ``flush_denormals`` before anything is computed, and ``helpers.loop.train`` calls it too. Called
 later, in a process whose pool already runs, it speeds up the calling thread's share of the work only.
 """

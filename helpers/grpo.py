@@ -20,7 +20,7 @@ losses are then averaged in one of three ways, named as in TRL so that numbers c
     dapo     sum over all tokens / number of tokens in the whole batch        (DAPO; TRL's default)
 
 The code follows TRL 1.16's ``GRPOTrainer`` (``_compute_loss`` and the advantage part
-of ``_generate_and_score_completions``); ``helpers.trl_compat.compare_with_trl`` feeds the
+of ``_generate_and_score_completions``); ``helpers.ecosystem.trl_bridge.compare_with_trl`` feeds the
 same batch to both (single-turn, and multi-turn with the tool's tokens masked out) and
 ``tests/test_grpo_trl.py`` checks that the losses and gradients agree (``tests/test_is_correction.py``
 the same with vLLM's importance-sampling correction on). The sections below are the arrows of
@@ -506,7 +506,7 @@ def grpo_loss(
 # engine: other kernels, usually bf16 where the trainer computes in fp32 (or its own bf16 kernels),
 # a batch-dependent order of additions. Its log-probs differ from the trainer's for the same weights
 # and the same tokens, so the tokens are a little off-policy before any update has happened (measured
-# on the tiny model in notebooks/05_trainer.ipynb §5b, ``helpers.mismatch``). TRL corrects it by default
+# on the tiny model in notebooks/05_trainer.ipynb §5b, ``helpers.lab.mismatch``). TRL corrects it by default
 # (truncated importance sampling, Yao et al. 2025; masked and sequence-level variants, Liu et al. 2025):
 #
 #   1. pi_old of the clipped ratio is recomputed by the trainer, before the update, without gradient:
@@ -737,7 +737,7 @@ def _combine(micro: list[dict]) -> dict:
 
 def lora_config(config: TrainConfig):
     """The config's ``lora_*`` fields as a peft ``LoraConfig``: the one place it is built
-    (our trainer, TRL's through ``helpers.trl_compat``, and the scale-out script)."""
+    (our trainer, TRL's through ``helpers.ecosystem.trl_bridge``, and the scale-out script)."""
     from peft import LoraConfig
 
     return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,

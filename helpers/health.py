@@ -6,7 +6,7 @@ The training loop (``helpers.loop``) calls ``check_health`` after every step, pr
 warning and counts it as ``warn/<kind>``: a KL spike, entropy collapse, reward collapse, an
 all-zero-reward batch (no learning signal at all), and many truncated episodes (a limit is
 cutting the agent off). Each threshold is a rule of thumb, named below so that notebook 08
-can cite it. The checklist *before* a run is ``helpers.pitfalls.preflight``.
+can cite it. The checklist *before* a run is ``helpers.lab.pitfalls.preflight``.
 
 Taught in notebooks/08_pitfalls.ipynb §4.
 """

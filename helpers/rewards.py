@@ -14,7 +14,7 @@ Every rule reward below says in its docstring what a policy can *game* it by: RL
 optimises the number, not the intention, and a reward with a loophole is exploited
 (``tool_call_bonus`` is this module's deliberate example). The model-judge reward
 lives in ``helpers.judge``; it plugs into ``combine`` like any function here. The
-same functions drive TRL's ``GRPOTrainer`` through ``helpers.trl_compat.reward_funcs``;
+same functions drive TRL's ``GRPOTrainer`` through ``helpers.ecosystem.trl_bridge.reward_funcs``;
 the pictures of rewards (histogram, the interactive panel) are in ``helpers.viewer``.
 
 Simplifications, named:

@@ -25,9 +25,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
+import io
+import re
+import textwrap
+import tokenize
 import types
 import typing
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
@@ -38,7 +43,7 @@ from helpers.paths import ROOT
 from helpers.policy import BACKENDS, ModelUnavailable, resolve_device
 from helpers.policy.vllm import MISSING
 
-__all__ = ["RunResult", "build_parser", "main", "refusal", "train"]
+__all__ = ["RunResult", "add_config_flags", "build_parser", "main", "refusal", "train"]
 
 
 def _parse_bool(text: str) -> bool:
@@ -70,6 +75,40 @@ def _parser_for(annotation):
     return annotation  # int, float, str
 
 
+def field_comments(config_class: type) -> dict[str, str]:
+    """Each field's comment in the source of ``config_class`` and the dataclasses it extends
+    (``lr: float = 1e-3  # the step size`` gives ``{"lr": "the step size"}``): the help of its flag."""
+    comments = {}
+    for klass in reversed([k for k in config_class.__mro__ if is_dataclass(k)]):  # a subclass's comment wins
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # a class with no source file (made in a notebook cell): no help text
+            continue
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            field_name = re.match(r"\s*(\w+)\s*:", token.line)
+            if token.type == tokenize.COMMENT and field_name:
+                comments[field_name.group(1)] = token.string.lstrip("#").strip()
+    return comments
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_class: type, defaults: object | None = None,
+                     skip: tuple[str, ...] = ()) -> None:
+    """One flag per field of the dataclass ``config_class`` (those in ``skip`` aside), parsed to the field's type.
+    Without ``defaults`` a flag that is not given stays out of the parsed arguments (the preset gives its value);
+    with ``defaults``, an instance of the class, its value is the flag's default (``python -m helpers.serve``)."""
+    hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
+    for f in fields(config_class):
+        if f.name in skip:
+            continue
+        kind = f"({hints[f.name]})" if not isinstance(hints[f.name], type) else None
+        text = " ".join(part for part in (comments.get(f.name), kind) if part) or None
+        names = dict.fromkeys([f"--{f.name.replace('_', '-')}", f"--{f.name}"])  # --max-new-tokens and --max_new_tokens; --lr once
+        parser.add_argument(*names, dest=f.name, type=_parser_for(hints[f.name]),
+                            default=argparse.SUPPRESS if defaults is None else getattr(defaults, f.name),
+                            metavar=getattr(hints[f.name], "__name__", "VALUE").upper(),
+                            help=text and text.replace("%", "%%"))  # argparse formats help with %
+
+
 def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     """``--preset`` and one flag per field of the preset's config class: TrainConfig's fields,
     plus a subclass's own (``--preset tiny-selfplay`` also takes ``--proposer-weight 5`` ...)."""
@@ -80,13 +119,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="starting config; flags below override it")
     parser.add_argument("--env-class", "--env_class", dest="env", default=argparse.SUPPRESS, metavar="MODULE:CLASS",
                         help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop; sets --env")
-    config_class = type(PRESETS[preset]()) if preset in PRESETS else TrainConfig
-    hints = typing.get_type_hints(config_class)
-    for f in fields(config_class):
-        names = dict.fromkeys([f"--{f.name.replace('_', '-')}", f"--{f.name}"])  # --max-new-tokens and --max_new_tokens; --lr once
-        parser.add_argument(*names, dest=f.name, type=_parser_for(hints[f.name]),
-                            default=argparse.SUPPRESS, metavar=getattr(hints[f.name], "__name__", "VALUE").upper(),
-                            help=f"({hints[f.name]})" if not isinstance(hints[f.name], type) else None)
+    add_config_flags(parser, type(PRESETS[preset]()) if preset in PRESETS else TrainConfig)
     return parser
 
 

@@ -6,7 +6,7 @@
 #
 # 1. The tiny world's training run with each backend (transformers, the workbook's engine, vLLM), bf16 where the
 #    card has it (else the trainer in float32 and vLLM in float16, as the T4 preset does): the
-#    median step time (rollout, update) and the peak memory, beside helpers.memory's prediction
+#    median step time (rollout, update) and the peak memory, beside helpers.lab.memory's prediction
 #    for the same config. Two peaks are measured: the trainer process's own (torch's
 #    max_memory_reserved) and the whole card's (total - free, read after every step), which
 #    also holds vLLM's engine process and what it reserved.
@@ -88,7 +88,7 @@ from pathlib import Path
 import torch
 
 from helpers.config import get_preset
-from helpers.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
+from helpers.lab.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
 from helpers.notebook import show_versions
 from helpers.train import train
 

@@ -11,7 +11,7 @@ memory depends on the shapes, not the values. ``data/model_configs/<model>/confi
 GRPO updates on a batch of the preset's shape: ``tasks_per_step * num_generations`` episodes, each padded to
 ``max_total_tokens`` as the plan assumes, with half of each group paid, so every advantage is non-zero.
 
-It prints one table: the plan's training phase (``helpers.memory.memory_plan``, the trainer's own terms:
+It prints one table: the plan's training phase (``helpers.lab.memory.memory_plan``, the trainer's own terms:
 weights, LoRA state, activations, logits, and its CUDA context and slack) beside what torch measured (the peak
 allocated, and the peak reserved by its allocator), the seconds per update and the tokens per second.
 The vLLM terms are not measured here (``scripts/gpu_check.sh`` runs vLLM on the tiny world); there the
@@ -44,7 +44,7 @@ import helpers.worlds  # noqa: F401  (registers the GPU presets)
 from helpers.config import get_preset
 from helpers.data import Task
 from helpers.grpo import LoRAGRPO
-from helpers.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
+from helpers.lab.memory import GIB, TRAINER_OVERHEAD_GIB, memory_plan
 from helpers.paths import ROOT
 from helpers.rollout import Trajectory
 
@@ -62,7 +62,7 @@ def model_folder(model: str, device: str, workdir: Path) -> Path:
     if device == "cuda":
         return folder
     config = json.loads((folder / "config.json").read_text())
-    small = workdir / f"{folder.name.replace('Qwen2.5', 'qwen25')}-1-layer"  # a name helpers.memory does not take for the full model
+    small = workdir / f"{folder.name.replace('Qwen2.5', 'qwen25')}-1-layer"  # a name helpers.lab.memory does not take for the full model
     small.mkdir(exist_ok=True)
     (small / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1, "max_window_layers": 1}))
     return small

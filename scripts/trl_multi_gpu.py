@@ -6,12 +6,12 @@ already runs on many GPUs with accelerate (DDP, DeepSpeed, FSDP) and samples wit
 vLLM *server* on cards of its own. The pieces that carry over unchanged:
 
     dataset   the preset's training split (helpers.data.load_dataset) -> rows of prompt, answer and the task's
-              metadata (helpers.trl_compat.trl_dataset): {"prompt": messages, "answer": "141", "item": "pen", ...}
+              metadata (helpers.ecosystem.trl_bridge.trl_dataset): {"prompt": messages, "answer": "141", "item": "pen", ...}
     env       a world with tools (the shop, the calculator) is multi-turn: its registered env goes to TRL as
               environment_factory, and TRL's tool loop calls the env's tool methods, episode by episode
-              (helpers.trl_compat.environment_factory); a world without tools (GSM8K's math env) is single turn
-    rewards   the preset's own rewards (config.rewards, name -> weight), helpers.trl_compat.reward_funcs
-    settings  the preset's TrainConfig -> GRPOConfig and LoraConfig: helpers.trl_compat.grpo_config and
+              (helpers.ecosystem.trl_bridge.environment_factory); a world without tools (GSM8K's math env) is single turn
+    rewards   the preset's own rewards (config.rewards, name -> weight), helpers.ecosystem.trl_bridge.reward_funcs
+    settings  the preset's TrainConfig -> GRPOConfig and LoraConfig: helpers.ecosystem.trl_bridge.grpo_config and
               helpers.grpo.lora_config, the one mapping the tests and the benchmark use too
 
 Run it on GPUs (here 3: GPU 0 samples with a vLLM server, GPUs 1-2 train):
@@ -44,13 +44,13 @@ needs a card of its own.
 
 Batch sizes: one optimizer step still sees ``tasks_per_step * num_generations``
 completions. The preset's ``grad_accum`` micro-batches are spread over the training
-processes; the script checks the process count first (helpers.trl_compat.batch_split) and,
+processes; the script checks the process count first (helpers.ecosystem.trl_bridge.batch_split) and,
 when it does not fit, says which counts do, before anything is loaded. The per-process
 share is the same update as one process: tests/test_scale_out.py checks that two
 processes and one, on the same batch, end the step with the same adapter weights.
 
 Episodes: TRL's completion is the whole episode, up to ``env_max_steps - 1`` tool-calling
-rounds within ``max_total_tokens`` (helpers.trl_compat.grpo_config says how the limits map).
+rounds within ``max_total_tokens`` (helpers.ecosystem.trl_bridge.grpo_config says how the limits map).
 
 Simplifications, named: no evaluation (evaluate the saved adapter with helpers.evaluate, as
 notebook 07 does: same tasks, same env, same numbers); TRL's episode limits are close to ours,
@@ -89,7 +89,7 @@ def training_tasks(config: TrainConfig):
 
 def build_trainer(config: TrainConfig, output_dir: str, processes: int, **overrides):
     """A TRL ``GRPOTrainer`` for ``config``: its model, tasks, env (when it has tools), rewards,
-    GRPO and LoRA settings (helpers.trl_compat.grpo_trainer).
+    GRPO and LoRA settings (helpers.ecosystem.trl_bridge.grpo_trainer).
 
     ``overrides`` are TRL-only GRPOConfig options (where to sample, logging, saving).
     Seeded before the model is built, so the LoRA initialisation is the same whatever the
@@ -98,7 +98,7 @@ def build_trainer(config: TrainConfig, output_dir: str, processes: int, **overri
     from transformers import set_seed
 
     from helpers.policy import load_model
-    from helpers.trl_compat import environment_factory, grpo_trainer
+    from helpers.ecosystem.trl_bridge import environment_factory, grpo_trainer
 
     set_seed(config.seed)
     model, tokenizer = load_model(config)
@@ -118,7 +118,7 @@ def show_rewards(funcs, row: dict) -> None:
 def dry_run(config: TrainConfig, preset: str, output_dir: str, overrides: dict) -> None:
     """Build and print the GRPOConfig, the dataset, the env and the rewards (scoring two replies); train nothing."""
     from helpers.envs import tool_methods
-    from helpers.trl_compat import environment_factory, grpo_config, reward_funcs, trl_dataset
+    from helpers.ecosystem.trl_bridge import environment_factory, grpo_config, reward_funcs, trl_dataset
 
     dataset = trl_dataset(training_tasks(config))
     make_env = environment_factory(config)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from helpers.train import build_parser
-    from helpers.trl_compat import batch_split
+    from helpers.ecosystem.trl_bridge import batch_split
 
     parser = build_parser()  # --preset and one flag per TrainConfig field, as python -m helpers.train
     parser.prog, parser.description = "scripts/trl_multi_gpu.py", __doc__.split("\n")[0]

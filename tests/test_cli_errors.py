@@ -16,13 +16,14 @@ import pytest
 
 import helpers.loop
 import helpers.train
-from helpers.bench import grpo, rollout
+from helpers.ecosystem.endpoint import main as endpoint_main
+from helpers.ecosystem.openenv_server import main as serve_env_main
 from helpers.evaluate import main as evaluate_main
+from helpers.lab.bench import grpo, rollout
 from helpers.loop import ResumeError, run_folder_lock
 from helpers.paths import ROOT
 from helpers.policy.vllm import MISSING as VLLM_MISSING
-from helpers.serve import main as serve_main
-from helpers.serve_env import main as serve_env_main
+from helpers.serve.__main__ import main as serve_main
 
 
 def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
@@ -229,11 +230,11 @@ def test_evaluate_refuses_bad_numbers(flags, reason, capsys):
 
 
 @pytest.mark.parametrize("model", [[], ["--model", "served"]])  # without --model the server is asked for its models first
-def test_evaluate_says_no_server_answers_at_the_base_url(model, capsys):
+def test_the_endpoint_command_says_no_server_answers_at_the_base_url(model, capsys):
     pytest.importorskip("openai", reason="--base-url needs openai (the openenv extra)")
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    message = refused(evaluate_main, ["--preset", "tiny-agent", "--n", "1", "--base-url", url, *model], capsys)
-    assert message.startswith(f"python -m helpers.evaluate: error: --base-url {url}: no server answers there; start it first")
+    message = refused(endpoint_main, ["--preset", "tiny-agent", "--n", "1", "--base-url", url, *model], capsys)
+    assert message.startswith(f"python -m helpers.ecosystem.endpoint: error: --base-url {url}: no server answers there; start it first")
 
 
 def test_evaluate_refuses_an_opponent_it_cannot_import(capsys):
@@ -242,21 +243,21 @@ def test_evaluate_refuses_an_opponent_it_cannot_import(capsys):
     assert message.startswith("python -m helpers.evaluate: error: --opponent no_such_module_xyz:play: cannot import it")
 
 
-# --- python -m helpers.serve_env and python -m helpers.serve ----------------------------------------
+# --- python -m helpers.ecosystem.openenv_server and python -m helpers.serve ----------------------------------------
 
 
-@pytest.mark.parametrize("command", ["helpers.serve_env", "helpers.serve"])
+@pytest.mark.parametrize("command", ["helpers.ecosystem.openenv_server", "helpers.serve"])
 @pytest.mark.parametrize("port", ["0", "-1", "99999"])  # 0: a random port it never printed; 99999: served on 34463
 def test_servers_refuse_a_port_out_of_range(command, port, tmp_path):
-    served = ["shop"] if command == "helpers.serve_env" else ["--store", str(tmp_path / "store.db")]  # the env; the service's store
+    served = ["shop"] if command == "helpers.ecosystem.openenv_server" else ["--store", str(tmp_path / "store.db")]  # the env; the service's store
     out = run(command, *served, "--port", port)  # a subprocess: before, they served
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines()[-1].endswith(f"error: --port {port}: give a port from 1 to 65535")
 
 
-@pytest.mark.parametrize("command", ["helpers.serve_env", "helpers.serve"])
+@pytest.mark.parametrize("command", ["helpers.ecosystem.openenv_server", "helpers.serve"])
 def test_servers_refuse_a_port_in_use_before_they_load_anything(command, tmp_path):
-    served = ["shop"] if command == "helpers.serve_env" else ["--store", str(tmp_path / "store.db")]
+    served = ["shop"] if command == "helpers.ecosystem.openenv_server" else ["--store", str(tmp_path / "store.db")]
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
@@ -274,7 +275,7 @@ def test_servers_refuse_a_port_in_use_before_they_load_anything(command, tmp_pat
 ])
 def test_serve_env_refuses_a_bad_env_or_session_count(argv, reason, capsys):
     message = refused(serve_env_main, argv, capsys)
-    assert message.startswith(f"python -m helpers.serve_env: error: {reason}"), message
+    assert message.startswith(f"python -m helpers.ecosystem.openenv_server: error: {reason}"), message
 
 
 @pytest.mark.parametrize("flags, reason", [
@@ -315,7 +316,7 @@ def test_serve_rollback_to_a_version_the_store_does_not_hold(tmp_path, capsys):
     message = refused(serve_main, ["rollback", "--version", "7", "--store", str(store)], capsys)  # a misspelt --store
     assert message == f"python -m helpers.serve rollback: no store at {store}; give the --store the server runs on (default runs/serve/store.db)"
     assert not store.exists()  # it made an empty store, and said the store knew no versions
-    from helpers.serve import open_store
+    from helpers.serve.__main__ import open_store
 
     open_store(str(store)).close()
     message = refused(serve_main, ["rollback", "--version", "7", "--store", str(store)], capsys)
@@ -332,7 +333,7 @@ def test_serve_loadtest_does_not_delete_a_folder_it_did_not_make(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"  # the load test deleted its store's folder, whichever it was
 
 
-# --- python -m helpers.bench ----------------------------------------------------------------------
+# --- python -m helpers.lab.bench ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bench", [rollout, grpo])
@@ -342,9 +343,9 @@ def test_bench_refuses_zero_threads(bench, capsys):
 
 
 def test_bench_help_is_the_usage_and_success(capsys):
-    from helpers.bench.__main__ import main as bench_main
+    from helpers.lab.bench.__main__ import main as bench_main
 
     bench_main(["--help"])  # was: the usage as an error, exit 1
-    assert capsys.readouterr().out.startswith("usage: python -m helpers.bench {rollout,grpo}")
-    with pytest.raises(SystemExit, match="usage: python -m helpers.bench"):
+    assert capsys.readouterr().out.startswith("usage: python -m helpers.lab.bench {rollout,grpo}")
+    with pytest.raises(SystemExit, match="usage: python -m helpers.lab.bench"):
         bench_main(["rolout"])

@@ -11,8 +11,8 @@ import helpers.worlds  # noqa: F401  (registers the shop world)
 from helpers.config import get_preset
 from helpers.data import load_dataset
 from helpers.grpo import LoRAGRPO
+from helpers.lab.mismatch import Mismatch, logprob_mismatch, score, step_batch
 from helpers.loop import env_factory
-from helpers.mismatch import Mismatch, logprob_mismatch, score, step_batch
 from helpers.policy import EnginePolicy, HFPolicy, SamplingParams, load_model, make_policy
 from helpers.policy.engine import child_rows, supports
 from helpers.rollout import rollout

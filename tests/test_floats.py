@@ -14,7 +14,7 @@ def run(code: str) -> list[str]:
 
 def test_numpy_still_knows_its_float_limits():
     """numpy measures a float type's limits on first use; measured with the mode on, the smallest denormal came out 0,
-    with a warning (seen in ``python -m helpers.mismatch``). ``flush_denormals`` has them measured first."""
+    with a warning (seen in ``python -m helpers.lab.mismatch``). ``flush_denormals`` has them measured first."""
     (smallest,) = run("""
 import warnings
 warnings.simplefilter("error")

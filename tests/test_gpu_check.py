@@ -70,7 +70,7 @@ def test_shipped_configs_are_qwen25s_shapes():
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from helpers.memory import QWEN25
+    from helpers.lab.memory import QWEN25
 
     for name in ("0.5B", "1.5B"):
         config = AutoConfig.from_pretrained(ROOT / "data" / "model_configs" / f"Qwen2.5-{name}-Instruct")
@@ -84,7 +84,7 @@ def test_the_saved_gpu_run_measured_todays_plan():
     """Notebook 07 and the README set the memory measured on a GPU (``notebooks/runs_saved/gpu_check/``, written by
     scripts/gpu_check.sh) beside the plan. If a preset's batch or the plan's arithmetic changes, that run no longer
     measured what the plan says, and this fails until the script runs on a GPU again."""
-    from helpers.memory import memory_plan
+    from helpers.lab.memory import memory_plan
 
     saved = ROOT / "notebooks" / "runs_saved" / "gpu_check"
     card = json.loads((saved / "gpu_check.json").read_text())

@@ -1,6 +1,6 @@
 """Our GRPO loss equals TRL's: same batch, same weights, same numbers (and gradients).
 
-helpers.trl_compat.compare_with_trl builds a TRL GRPOTrainer on a copy of our LoRA model,
+helpers.ecosystem.trl_bridge.compare_with_trl builds a TRL GRPOTrainer on a copy of our LoRA model,
 lets TRL sample and score a batch, and feeds the same tokens, rewards, old log-probs
 and reference log-probs to both losses.
 """
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers.config import TrainConfig
+from helpers.ecosystem.trl_bridge import compare_with_trl
 from helpers.grpo import LoRAGRPO
-from helpers.trl_compat import compare_with_trl
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")

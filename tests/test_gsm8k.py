@@ -5,12 +5,12 @@ import json
 import pytest
 
 from helpers.config import get_preset
+from helpers.ecosystem.trl_bridge import batch_split
 from helpers.evaluation import breakdown, evaluate, save_records
 from helpers.formats import format_number, to_number
-from helpers.memory import check_fits, memory_plan
+from helpers.lab.memory import check_fits, memory_plan
 from helpers.paths import GSM8K_SAMPLE, TINY_DIR
 from helpers.policy.base import Generation
-from helpers.trl_compat import batch_split
 from helpers.worlds.gsm8k.tasks import load_gsm8k
 
 

@@ -3,7 +3,7 @@
 - the worked example of helpers.grpo §3b, by hand, in all four modes;
 - our weights, TRL's five ``sampling/...`` metrics, the loss and its gradient equal TRL 1.16's own
   (``GRPOTrainer._generate_and_score_completions`` and ``compute_loss`` with vLLM's correction on,
-  ``helpers.mismatch.compare_is_with_trl``) on the same multi-turn batch, in every mode, with the upper
+  ``helpers.lab.mismatch.compare_is_with_trl``) on the same multi-turn batch, in every mode, with the upper
   bound, a lower bound and each alone, and the bounds crossed (truncation and masking both covered);
 - when the sampler's log-probs equal the trainer's, every weight is 1 and an update with the
   correction on gives the very adapter an update without it gives;
@@ -21,11 +21,11 @@ import torch
 from helpers.config import TrainConfig
 from helpers.grpo import (IS_MODES, LoRAGRPO, collate, group_advantages, group_rewards, grpo_loss,
                           importance_sampling_metrics, importance_sampling_ratio)
+from helpers.ecosystem.trl_bridge import import_trl
+from helpers.lab.mismatch import compare_is_with_trl
 from helpers.loop import env_factory
-from helpers.mismatch import compare_is_with_trl
 from helpers.policy import HFPolicy, SamplingParams
 from helpers.rollout import rollout
-from helpers.trl_compat import import_trl
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 from tests.test_grpo_trl import trained_looking  # a LoRA trainer whose adapter is not zero
 

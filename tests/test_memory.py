@@ -3,7 +3,7 @@
 import pytest
 
 from helpers.config import get_preset
-from helpers.memory import GIB, QWEN25, DoesNotFitError, check_fits, episode_budget, memory_plan, model_shape
+from helpers.lab.memory import GIB, QWEN25, DoesNotFitError, check_fits, episode_budget, memory_plan, model_shape
 
 
 def row(plan, name):

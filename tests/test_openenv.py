@@ -1,5 +1,5 @@
-"""A workbook env served over OpenEnv on loopback (helpers.serve_env) and driven through the client
-(helpers.envs.remote): the same episodes as the local env, many sessions at once, and a training run."""
+"""A workbook env served over OpenEnv on loopback (helpers.ecosystem.openenv_server) and driven through the client
+(helpers.ecosystem.remote): the same episodes as the local env, many sessions at once, and a training run."""
 
 import concurrent.futures as cf
 import os
@@ -18,8 +18,8 @@ except ImportError:
 import helpers.worlds  # noqa: F401  (registers the shop world)
 from helpers.config import get_preset
 from helpers.data import load_dataset
+from helpers.ecosystem.remote import RemoteEnv
 from helpers.envs import Episode, make_env, tool_schemas
-from helpers.envs.remote import RemoteEnv
 from helpers.loop import train
 from helpers.worlds.shop.env import ShopEnv
 
@@ -36,9 +36,9 @@ TURNS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``python -m helpers.serve_env shop`` on a free loopback port; its base URL. Stopped after the module."""
+    """``python -m helpers.ecosystem.openenv_server shop`` on a free loopback port; its base URL. Stopped after the module."""
     port = free_port()
-    command = [sys.executable, "-m", "helpers.serve_env", "shop", "--port", str(port), "--max-sessions", "64"]
+    command = [sys.executable, "-m", "helpers.ecosystem.openenv_server", "shop", "--port", str(port), "--max-sessions", "64"]
     with local_server(command, port, tmp_path_factory.mktemp("server") / "server.log", start_timeout=60) as url:
         yield url
 
@@ -66,7 +66,7 @@ def test_concurrent_sessions(server):
     tasks = load_dataset("tiny-agent", "test", 16, seed=1)
 
     def episode(task):
-        env = make_env("helpers.envs.remote:RemoteEnv", base_url=server)
+        env = make_env("helpers.ecosystem.remote:RemoteEnv", base_url=server)
         env.reset(task)
         usual = env.step('<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>').observation[0]["content"]
         local = make_env("shop")
@@ -79,7 +79,7 @@ def test_concurrent_sessions(server):
 
 def test_training_through_the_client(server, tmp_path):
     config = get_preset("tiny-agent", steps=1, tasks_per_step=2, num_generations=2, eval_tasks=2, pass_k=0,
-                        out_dir=str(tmp_path), env="helpers.envs.remote:RemoteEnv", env_kwargs={"base_url": server})
+                        out_dir=str(tmp_path), env="helpers.ecosystem.remote:RemoteEnv", env_kwargs={"base_url": server})
     result = train(config)
     assert result.history[-1]["step"] == 1 and result.after
 
@@ -87,9 +87,9 @@ def test_training_through_the_client(server, tmp_path):
 def test_trls_grpo_trainer_trains_through_the_client(server, tmp_path, one_thread):
     """TRL's own GRPOTrainer with ``environment_factory`` = the server's ``RemoteEnv`` class: TRL builds the env objects
     with no arguments, lists the served tools from their schemas, and each tool call it makes is a step over the socket."""
-    from helpers.envs.remote import remote_env_class
+    from helpers.ecosystem.remote import remote_env_class
     from helpers.policy import load_model
-    from helpers.trl_compat import grpo_trainer
+    from helpers.ecosystem.trl_bridge import grpo_trainer
 
     config = get_preset("tiny-agent", steps=1, tasks_per_step=2, num_generations=4, grad_accum=1, num_iterations=1)
     model, tokenizer = load_model(config)

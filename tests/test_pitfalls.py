@@ -1,9 +1,9 @@
-"""helpers.pitfalls.preflight: each checklist item passes on a good config and fails on the bad one."""
+"""helpers.lab.pitfalls.preflight: each checklist item passes on a good config and fails on the bad one."""
 
 from helpers.config import get_preset
 from helpers.envs import make_env
 from helpers.formats import format_tool_call
-from helpers.pitfalls import preflight
+from helpers.lab.pitfalls import preflight
 from helpers.policy import SamplingParams, ScriptedPolicy
 from helpers.rewards import score_trajectories
 from helpers.rollout import rollout
@@ -19,7 +19,7 @@ def test_shipped_presets_pass():
     tiny = preflight(get_preset("tiny-cpu"))
     assert tiny.ok, str(tiny)
     gsm8k = preflight(get_preset("gsm8k-24gb"), gpu_gb=24)
-    assert gsm8k.ok and "helpers.memory.check_fits" in verdicts(gsm8k), str(gsm8k)
+    assert gsm8k.ok and "helpers.lab.memory.check_fits" in verdicts(gsm8k), str(gsm8k)
     assert "[x]" in str(gsm8k) and "[ ]" not in str(gsm8k)
     # worlds whose reset needs columns of its own (the shop's item and prices, a game's deal) are probed with their own tasks
     agent = preflight(get_preset("tiny-agent"))
@@ -29,7 +29,7 @@ def test_shipped_presets_pass():
 
 def test_each_item_fails_on_its_pitfall():
     too_small = preflight(get_preset("gsm8k-24gb"), gpu_gb=8)
-    assert verdicts(too_small)["helpers.memory.check_fits"] is False and not too_small.ok
+    assert verdicts(too_small)["helpers.lab.memory.check_fits"] is False and not too_small.ok
 
     no_eval = preflight(get_preset("tiny-cpu", eval_every=0))
     assert verdicts(no_eval)["TrainConfig.eval_every, save_every"] is False

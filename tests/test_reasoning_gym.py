@@ -21,12 +21,12 @@ except ImportError:
         raise
     pytest.skip("reasoning-gym is not installed (pip install -e '.[benchmarks]')", allow_module_level=True)
 
+from helpers.ecosystem.trl_bridge import trajectory_from_text
 from helpers.envs import check_env_class, make_env
 from helpers.evaluate import main as evaluate_main
 from helpers.rewards import combine
 from helpers.rollout import load_trajectories
 from helpers.train import main as train_main
-from helpers.trl_compat import trajectory_from_text
 from helpers.worlds.arithmetic.tasks import split_of
 from helpers.worlds.reasoning_gym.tasks import dataset_name, make_rg_tasks, parse_member, score_reply
 

@@ -257,8 +257,8 @@ def test_save_load_and_view(tiny, tmp_path):
 
 
 def test_benchmark_runs_and_reports_ratios():
-    from helpers.bench.__main__ import main
-    from helpers.bench.rollout import run, table
+    from helpers.lab.bench.__main__ import main
+    from helpers.lab.bench.rollout import run, table
 
     out = run(num_tasks=1, group_size=2, max_new_tokens=4, naive_tasks=1, trl=False, verbose=False)
     assert out["batched"].episodes == out["one_at_a_time"].episodes == 2

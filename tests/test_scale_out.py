@@ -4,7 +4,7 @@
   preset (single turn) and the shop world (multi-turn: TRL's tool loop calls the env's tools).
 * Two processes make the same update as one: the same batch (recorded from a one-process
   run, then replayed with each process taking its share) gives the same adapter weights
-  after one optimizer step, within 1e-5. That is what ``helpers.trl_compat.batch_split``
+  after one optimizer step, within 1e-5. That is what ``helpers.ecosystem.trl_bridge.batch_split``
   promises (one step still sees ``tasks_per_step x G`` completions), and what DDP's
   gradient averaging and TRL's loss normaliser must deliver together.
 * A process count that does not fit the batch is refused before anything is loaded, with

@@ -1,4 +1,4 @@
-"""The served agent over HTTP (helpers.serve, helpers.service): chat completions with the episode, the store's
+"""The served agent over HTTP (helpers.serve, helpers.serve): chat completions with the episode, the store's
 records, feedback, and every malformed request answered with a 4xx that changes nothing."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from helpers.service.process import ServerProcess
-from helpers.service.store import SQLiteStore
+from helpers.serve.process import ServerProcess
+from helpers.serve.store import SQLiteStore
 
 
 @pytest.fixture(scope="module")
@@ -114,19 +114,19 @@ def test_the_store_protocol_lists_everything_the_service_asks_of_a_store():
     import re
     from pathlib import Path
 
-    from helpers.service.store import Store
+    from helpers.serve.store import Store
 
     listed = {name for name in vars(Store) if not name.startswith("_")} | set(Store.__annotations__)
     sqlite = {name for name in vars(SQLiteStore) if not name.startswith("_")} | {"path"}
     assert listed <= sqlite, sorted(listed - sqlite)
     called = set()
-    for source in [*Path("helpers/service").glob("*.py"), Path("helpers/serve.py")]:
+    for source in Path("helpers/serve").glob("*.py"):
         called |= set(re.findall(r"\bstore\.(\w+)", source.read_text())) & sqlite  # not "store.db" or a Path's .parent
     assert called and called <= listed, sorted(called - listed)
 
 
 def test_the_reply_is_the_agents_last_turn_even_when_the_episode_ends_on_a_tool_result():
-    from helpers.service.app import final_reply
+    from helpers.serve.app import final_reply
 
     call = {"role": "assistant", "content": '<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>'}
     answered = [{"role": "user", "content": "q"}, call, {"role": "tool", "content": '{"item": "pen"}'},

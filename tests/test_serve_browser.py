@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from helpers.service.process import ServerProcess
-from helpers.service.store import SQLiteStore
+from helpers.serve.process import ServerProcess
+from helpers.serve.store import SQLiteStore
 
 CHROMEDRIVER = shutil.which("chromedriver")
 try:

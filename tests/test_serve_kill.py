@@ -1,13 +1,13 @@
 """kill -9 of the server while feedback is being written: every acknowledged piece of feedback is in the store
-after restart (helpers.service.store: WAL + synchronous=FULL, the 201 only after the commit)."""
+after restart (helpers.serve.store: WAL + synchronous=FULL, the 201 only after the commit)."""
 
 import threading
 import time
 
 import httpx
 
-from helpers.service.process import ServerProcess
-from helpers.service.store import EpisodeRecord, SQLiteStore
+from helpers.serve.process import ServerProcess
+from helpers.serve.store import EpisodeRecord, SQLiteStore
 
 EPISODES = 2000  # more than the writers can acknowledge before the kill: they are still writing when it comes
 WRITERS = 8

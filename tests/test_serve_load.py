@@ -1,7 +1,7 @@
-"""Load test on loopback across a hot swap (helpers.service.loadtest): 32 clients at once, a new adapter
+"""Load test on loopback across a hot swap (helpers.serve.loadtest): 32 clients at once, a new adapter
 deployed halfway, no failed request, and the p50/p95 latency reported."""
 
-from helpers.service.loadtest import run_load_test
+from helpers.serve.loadtest import run_load_test
 
 
 def test_32_clients_across_an_adapter_swap_no_request_fails(tmp_path):

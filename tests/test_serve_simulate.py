@@ -1,10 +1,10 @@
-"""The simulated deployment end to end at its smallest (helpers.service.simulate): the server and the trainer as
+"""The simulated deployment end to end at its smallest (helpers.serve.simulate): the server and the trainer as
 processes, users with feedback (some adversarial), the drift, the figures and the plot. The full runs' numbers
 (three seeds) are in the README; this checks the pipeline, not the learning."""
 
 import json
-from helpers.service.simulate import SimConfig, feedback_for, run_simulation
-from helpers.service.trainer import OnlineConfig
+from helpers.serve.simulate import SimConfig, feedback_for, run_simulation
+from helpers.serve.trainer import OnlineConfig
 
 
 def test_simulated_users_feedback():

@@ -1,4 +1,4 @@
-"""The online trainer (helpers.service.trainer): what feedback becomes, reputation, the canary gate, rollback."""
+"""The online trainer (helpers.serve.trainer): what feedback becomes, reputation, the canary gate, rollback."""
 
 import random
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 import helpers.worlds  # noqa: F401
 from helpers.config import get_preset
-from helpers.serve import open_store, register_start
-from helpers.service.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, gate, reference
-from helpers.service.world import ServedShop, random_question
+from helpers.serve.__main__ import open_store, register_start
+from helpers.serve.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, gate, reference
+from helpers.serve.world import ServedShop, random_question
 
 
 def fb(id=1, user="ann", rating=None, correct_answer=None, answer="141", truth="141"):

@@ -1,7 +1,7 @@
 """TRL's own GRPOTrainer trains the shop world through ``environment_factory``: the env contract is real.
 
 The ShopEnv class our loop drives goes to ``trl.GRPOTrainer(environment_factory=ShopEnv)`` (a subclass that only counts calls)
-(built by ``helpers.trl_compat.grpo_trainer``). TRL renders the prompt, samples each turn, parses the
+(built by ``helpers.ecosystem.trl_bridge.grpo_trainer``). TRL renders the prompt, samples each turn, parses the
 tool calls, calls the env's methods, masks the tool replies out of the loss and scores the episodes
 with our reward function. Two GRPO steps of the tiny agent on a CPU (a few seconds), then:
 
@@ -21,13 +21,13 @@ import pytest
 
 from helpers.config import get_preset
 from helpers.data import load_dataset
+from helpers.ecosystem.trl_bridge import grpo_trainer, import_trl, trl_dataset
 from helpers.envs.base import tool_methods
 from helpers.policy import load_model
 from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rewards import check_answer
 from helpers.rollout import rollout
-from helpers.trl_compat import grpo_trainer, import_trl, trl_dataset
 from helpers.worlds.shop.env import ShopEnv
 
 # tiny-agent, made small: 2 tasks x 4 episodes a step, each step sampled anew (one update per batch)

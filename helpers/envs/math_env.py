@@ -19,7 +19,7 @@ batch is 0, this is where you look: "no_answer" everywhere means a format proble
 but is wrong.
 
 In TRL the same class gives no reward of its own (no ``get_reward``): the answer is the final
-text, which a reward function reads (``helpers.trl_compat.reward_funcs``).
+text, which a reward function reads (``helpers.ecosystem.trl_bridge.reward_funcs``).
 
 Taught in notebooks/02_environment.ipynb.
 """

@@ -51,7 +51,7 @@ def bfcl_multiturn_24gb() -> TrainConfig:
     the 49 functions of the three as tools in Qwen's native format, BFCL's multi-turn checker as the reward.
     Episodes are long: the tools' schemas alone are 30k characters (roughly 8k tokens), then 2-5 user turns,
     each with calls and results; so fewer, longer sequences per step than the GSM8K presets.
-    ``python -c "from helpers.memory import memory_plan; print(memory_plan('bfcl-multiturn-24gb', 24))"``
+    ``python -c "from helpers.lab.memory import memory_plan; print(memory_plan('bfcl-multiturn-24gb', 24))"``
     prints the memory arithmetic (16.9 of 24 GiB at the peak, while sampling).
     """
     return TrainConfig(
@@ -71,7 +71,7 @@ def bfcl_multiturn_24gb() -> TrainConfig:
         num_generations=8,
         max_new_tokens=256,  # one reply: a few <tool_call> blocks or a short answer
         max_total_tokens=12288,  # ~8k tokens of tool schemas + the turns, calls and results
-        vllm_gpu_memory_utilization=0.5,  # KV cache for a whole step: 16 episodes x 12288 tokens x 28 KiB = 5.3 GiB (helpers.memory)
+        vllm_gpu_memory_utilization=0.5,  # KV cache for a whole step: 16 episodes x 12288 tokens x 28 KiB = 5.3 GiB (helpers.lab.memory)
         vllm_sleep_mode=True,
         grad_accum=8,  # micro-batches of 2 sequences of up to 12k tokens
         steps=60,

@@ -1,4 +1,4 @@
-"""The GSM8K presets: the same loop on Qwen2.5 with vLLM rollouts (``helpers.memory`` plans their memory),
+"""The GSM8K presets: the same loop on Qwen2.5 with vLLM rollouts (``helpers.lab.memory`` plans their memory),
 and CPU smoke versions of each path on the tiny model."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def gsm8k_24gb() -> TrainConfig:
 
     The card is shared in time: vLLM samples (its weights + KV cache, 30% of the card),
     then sleeps (weights to CPU RAM, KV cache freed) while the trainer runs the update.
-    ``python -c "from helpers.memory import memory_plan; print(memory_plan('gsm8k-24gb', 24))"``
+    ``python -c "from helpers.lab.memory import memory_plan; print(memory_plan('gsm8k-24gb', 24))"``
     prints the arithmetic.
     """
     return TrainConfig(
@@ -41,7 +41,7 @@ def gsm8k_24gb() -> TrainConfig:
         eval_tasks=1319,  # all of GSM8K's test split, greedy, before and after training
         eval_subset=200,  # the 7 evaluations in between: the first 200 of them (the curve; see helpers.loop)
         # no sampled pass@k: 4 samples of 1,319 problems before and after would cost 10.6k episodes, 41% of training's
-        # 25.6k; without it evaluation is 13.6% of the run's episodes (helpers.memory.episode_budget)
+        # 25.6k; without it evaluation is 13.6% of the run's episodes (helpers.lab.memory.episode_budget)
         pass_k=0,
         max_train_tasks=None,
     )
@@ -120,7 +120,7 @@ def gsm8k_24gb_tools() -> TrainConfig:
     config.max_new_tokens = 384  # per turn: reasoning + one call, or the final answer
     # Qwen's tool preamble (~250 tokens) + question (~120) + 4 x (call ~40 + result ~20) + the answer turns
     config.max_total_tokens = 1280
-    config.vllm_gpu_memory_utilization = 0.35  # the longer episodes need more KV cache (helpers.memory: 13.3 of 24 GiB)
+    config.vllm_gpu_memory_utilization = 0.35  # the longer episodes need more KV cache (helpers.lab.memory: 13.3 of 24 GiB)
     return config
 
 
@@ -141,7 +141,7 @@ def gsm8k_t4_tools() -> TrainConfig:
     """The agentic GSM8K run on a 16 GB Colab T4: gsm8k-t4 (Qwen2.5-0.5B-Instruct, fp32 trainer, fp16 vLLM)
     with the calculator as a tool and the episode limits of gsm8k-24gb-tools.
 
-    ``python -c "from helpers.memory import memory_plan; print(memory_plan('gsm8k-t4-tools', 15))"`` prints
+    ``python -c "from helpers.lab.memory import memory_plan; print(memory_plan('gsm8k-t4-tools', 15))"`` prints
     the arithmetic: 8.7 of 15 GiB at the peak. The 1,280-token episodes need 0.9 GiB of KV cache (3.3 given)
     and 1.8 GiB of checkpointed activations per micro-batch of 8; the largest term is the logits (3.5 GiB).
     """

@@ -9,7 +9,7 @@
     GET  /v1/models, /v1/status, /v1/episodes/{id}, /health, /  (the web page)
     POST /v1/admin/rollback {"version": 2}, /v1/admin/world {"items": ["key", "cake"]}   (Bearer admin token)
 
-The agent's tools run here, in the world (``helpers.service.world``): the caller sends a question and
+The agent's tools run here, in the world (``helpers.serve.world``): the caller sends a question and
 gets the answer and the whole episode. ``model`` names the deployed adapter (``"tiny-agent"``) or pins a
 version (``"tiny-agent@v0"``: the frozen copy the simulation compares with).
 
@@ -32,7 +32,6 @@ import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -42,9 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, m
 from starlette.concurrency import run_in_threadpool
 
 from helpers.formats import extract_answer, format_number, to_number
-from helpers.service.agent import AgentPool
-from helpers.service.store import DuplicateFeedback, EpisodeRecord, SQLiteStore, UnknownEpisode
-from helpers.service.world import WORLD_ITEMS_KEY, ServedShop
+from helpers.serve.agent import AgentPool
+from helpers.serve.config import ServiceConfig
+from helpers.serve.store import DuplicateFeedback, EpisodeRecord, SQLiteStore, UnknownEpisode
+from helpers.serve.world import WORLD_ITEMS_KEY, ServedShop
 from helpers.worlds.shop.tasks import ITEMS
 
 MAX_BODY_BYTES = 16_384  # a chat request of a few messages; feedback is far smaller
@@ -146,15 +146,6 @@ class RateLimits:
 
 
 # --- the app -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ServiceConfig:
-    name: str = "tiny-agent"  # the model name callers use (the preset's)
-    rate: float = 5.0  # requests a second per user and endpoint, on average
-    burst: int = 20  # requests a user may send at once
-    admin_token: str = ""  # "" : the admin endpoints are off
-    world_seed: int = 0
 
 
 def error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:

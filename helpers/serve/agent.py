@@ -34,8 +34,8 @@ from helpers.config import TrainConfig
 from helpers.data import Task
 from helpers.policy import SamplingParams, load_adapter, load_model, make_policy
 from helpers.rollout import Trajectory, rollout
-from helpers.service.store import SQLiteStore
-from helpers.service.world import WORLD_ITEMS_KEY
+from helpers.serve.store import SQLiteStore
+from helpers.serve.world import WORLD_ITEMS_KEY
 from helpers.worlds.shop.env import ShopEnv
 
 KEEP_VERSIONS = 3  # loaded versions kept besides the deployed one (pinned callers' versions)

@@ -11,7 +11,7 @@ touches TRL lives here, so the rest of ``helpers`` runs (and reads) without it:
     result = compare_with_trl(trainer, tokenizer, tasks)  # the same batch through both losses
 
 The scale-out script (``scripts/trl_multi_gpu.py``), the tests (``tests/test_grpo_trl.py``,
-``tests/test_trl_env.py``) and the benchmark (``python -m helpers.bench grpo``) all build TRL's
+``tests/test_trl_env.py``) and the benchmark (``python -m helpers.lab.bench grpo``) all build TRL's
 config with ``grpo_config``: one mapping, so a setting cannot mean one thing here and another there.
 The LoRA side of the mapping is ``helpers.grpo.lora_config`` (peft, not TRL), which
 ``LoRAGRPO`` uses too.
@@ -30,10 +30,16 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from datasets import Dataset
 
 from helpers.config import TrainConfig
 from helpers.data import Task
+from helpers.envs import LIMITS, new_env, tool_methods
+from helpers.grpo import collate, group_advantages, group_rewards, grpo_loss, lora_config
+from helpers.policy.vllm import quiet_torch_jit
+from helpers.rewards import get_reward, reward_name, safe_call
 from helpers.rollout import Trajectory
+from helpers.worlds.tinymodel import CHAT_TEMPLATE
 
 # ----------------------------------------------------------------------------------------------
 # 1. TrainConfig -> GRPOConfig
@@ -44,9 +50,8 @@ def import_trl():
     """The ``trl`` module, imported quietly. TRL 1.16 warns at import that it was tested with
     vLLM 0.22-0.31; the CPU extra installs vLLM 0.32. Tested with it: transformers generation
     (tests/test_scale_out.py) and importing the server client; no test connects to a vLLM server.
-    The vLLM it imports brings in torch's deprecated ``torch.jit.script_method`` (``quiet_torch_jit``)."""
-    from helpers.policy.vllm import quiet_torch_jit
-
+    The vLLM it imports brings in torch's deprecated ``torch.jit.script_method`` (``quiet_torch_jit``).
+    TRL is imported here, on first use, not at the top: it is heavy, and the rest of ``helpers`` runs without it."""
     with warnings.catch_warnings(), quiet_torch_jit():
         warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
         import trl
@@ -159,7 +164,6 @@ def to_trl_reward_func(fn) -> Callable[..., list[float]]:
 
     Taught in notebooks/04_reward.ipynb §3.
     """
-    from helpers.rewards import get_reward, reward_name, safe_call
 
     fn_ = get_reward(fn)
     name = fn if isinstance(fn, str) else reward_name(fn_)
@@ -210,8 +214,6 @@ def trl_dataset(tasks: list[Task]):
     tasks lack arrives as None in theirs, a dict column gets the union of all rows' keys (the
     missing ones None), and a column whose rows mix types cannot be built. The built-in worlds'
     rows are uniform, so their envs see the same rows in both loops."""
-    from datasets import Dataset
-
     return Dataset.from_list([task.row() for task in tasks])
 
 
@@ -220,8 +222,6 @@ def environment_factory(config: TrainConfig) -> Callable | None:
     bare (``helpers.envs.new_env``, with the constructor's options of ``config.env_kwargs``), or
     None when that env has no tools (a single-turn world: TRL needs only the reward functions).
     Our loop's adapter (``Episode``) and its limits stay out: TRL's tool loop does that part."""
-    from helpers.envs import LIMITS, new_env, tool_methods
-
     options = {key: value for key, value in config.env_kwargs.items() if key not in LIMITS}
 
     def make():
@@ -240,9 +240,7 @@ def add_tool_parser(tokenizer) -> None:
     the parser TRL gives Qwen2.5 (its Qwen3 one) reads it. Any other template is left to TRL.
     (This new-style parser needs transformers >= 5.13.)
     """
-    from trl.chat_template_utils import qwen3_template
-
-    from helpers.worlds.tinymodel import CHAT_TEMPLATE
+    from trl.chat_template_utils import qwen3_template  # TRL on first use, as in import_trl
 
     if tokenizer.chat_template == CHAT_TEMPLATE:
         tokenizer.response_template = qwen3_template
@@ -256,8 +254,6 @@ def grpo_trainer(config: TrainConfig, model, tokenizer, tasks: list[Task], outpu
     runs the episodes itself, calling the env's tool methods and masking their replies out of
     the loss (``tool_mask``). ``overrides`` are TRL-only GRPOConfig options.
     """
-    from helpers.grpo import lora_config
-
     GRPOTrainer = import_trl().GRPOTrainer
 
     multi_turn = environment is not None
@@ -284,7 +280,6 @@ def trl_trainer(model, tokenizer, config: TrainConfig, prompts: list[list[dict]]
     The reward function is a placeholder: callers that compare losses feed their own
     rewards or advantages.
     """
-    from datasets import Dataset
     GRPOTrainer = import_trl().GRPOTrainer
 
     args = grpo_config(config, output_dir, max_completion_length=max_completion_length)
@@ -353,8 +348,6 @@ def compare_with_trl(trainer, tokenizer, tasks, max_completion_length: int = 16,
 
     Taught in notebooks/05_trainer.ipynb §5.
     """
-    from helpers.grpo import collate, group_advantages, group_rewards, grpo_loss
-
     cfg = trainer.config
     G = cfg.num_generations
     gen = torch.Generator().manual_seed(seed)

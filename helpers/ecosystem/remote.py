@@ -1,8 +1,8 @@
 """Environments over the wire: any env on TRL's contract served as an OpenEnv environment, and trained through OpenEnv's client.
 
-    python -m helpers.serve_env shop --port 8000                     # serve the shop world (one session per episode)
-    OPENENV_URL=http://127.0.0.1:8000 python -m helpers.train --preset tiny-agent --env-class helpers.envs.remote:RemoteEnv
-    make_env("helpers.envs.remote:RemoteEnv", base_url="http://127.0.0.1:8000")   # an Episode, as for a local env
+    python -m helpers.ecosystem.openenv_server shop --port 8000    # serve the shop world (one session per episode)
+    OPENENV_URL=http://127.0.0.1:8000 python -m helpers.train --preset tiny-agent --env-class helpers.ecosystem.remote:RemoteEnv
+    make_env("helpers.ecosystem.remote:RemoteEnv", base_url="http://127.0.0.1:8000")   # an Episode, as for a local env
     GRPOTrainer(..., environment_factory=remote_env_class("http://127.0.0.1:8000"))  # TRL: the same class
 
 OpenEnv (``openenv-core``) is the open standard for environments as services: a server holds one
@@ -19,7 +19,7 @@ TRL's contract (``helpers.envs.base``) — the *tool call* — so the adapter th
 
 Server side, ``ServedEnv`` wraps one env object (made by a factory, one per session) as an
 ``openenv.core.Environment``; ``create_server_app`` hands the factory to OpenEnv's own ``create_app``
-(FastAPI, served by uvicorn in ``helpers.serve_env``). Client side, ``RemoteEnv`` is an env on TRL's
+(FastAPI, served by uvicorn in ``helpers.ecosystem.openenv_server``). Client side, ``RemoteEnv`` is an env on TRL's
 contract whose tools are the served env's: its class is built once per server from the served tools'
 JSON schemas (``remote_env_class``), so ``tool_schemas`` renders the same schemas as for the local
 class, and each tool method is one ``step`` over OpenEnv's WebSocket client. Everything else —
@@ -159,7 +159,7 @@ class RemoteEnv:
 
     ``RemoteEnv(base_url)`` (default: the ``OPENENV_URL`` variable, else ``DEFAULT_URL``) returns an
     object of the class ``remote_env_class(base_url)`` builds, so ``--env-class
-    helpers.envs.remote:RemoteEnv`` and TRL's no-argument construction both work.
+    helpers.ecosystem.remote:RemoteEnv`` and TRL's no-argument construction both work.
     """
 
     base_url = DEFAULT_URL

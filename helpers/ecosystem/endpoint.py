@@ -1,7 +1,7 @@
 """Evaluation as a service: any OpenAI-compatible endpoint plays the workbook's episodes.
 
-    python -m helpers.evaluate --preset tiny-agent --base-url http://127.0.0.1:8000/v1          # vllm serve data/tiny-agent ...
-    python -m helpers.evaluate --benchmark humaneval --base-url https://api.example.com/v1 --model some-model   # key: OPENAI_API_KEY
+    python -m helpers.ecosystem.endpoint --preset tiny-agent --base-url http://127.0.0.1:8000/v1    # vllm serve data/tiny-agent ...
+    python -m helpers.ecosystem.endpoint --benchmark humaneval --base-url https://api.example.com/v1 --model some-model   # key: OPENAI_API_KEY
 
     endpoint = Endpoint("http://127.0.0.1:8000/v1")                  # the model: the first one the server lists
     result = evaluate_endpoint(endpoint, tasks, "shop", max_steps=5)  # helpers.evaluation.evaluate's EvalResult
@@ -13,7 +13,10 @@ same env as in training and in ``helpers.evaluation.evaluate`` (an ``helpers.env
 on TRL's contract): the env's tools go to the endpoint as their JSON schemas (``Episode.tools``, what
 TRL renders too), the endpoint's tool calls run in the env, and its final text is judged by the env.
 So the numbers are the same numbers (``episode_stats``, pass@k, a benchmark's score), of the same
-tasks, judged the same way. One turn:
+tasks, judged the same way. The command is ``python -m helpers.evaluate`` (its flags, its checks, its
+JSON line) with the endpoint in place of the local model: ``--base-url`` is the API's root, ``--model`` the served
+model's name (default: the first the server lists), the key ``OPENAI_API_KEY`` (or ``--api-key``); the preset
+gives only the tasks, env and limits. One turn:
 
     reply = endpoint.chat(history, env.tools, sampling)      # the assistant message, as the API returns it
     result = env.step(reply.text)                            # its tool calls as <tool_call> blocks, or its final text
@@ -57,6 +60,7 @@ stops the evaluation; when the env answers fewer tool messages than the reply ma
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures as cf
 import json
 import os
@@ -66,8 +70,11 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
+from helpers.config import TrainConfig
 from helpers.data import Task
 from helpers.envs import Episode, make_env
+from helpers.evaluate import Player, build_parser, command
+from helpers.evaluate import main as evaluate_main
 from helpers.evaluation import EvalResult, evaluate
 from helpers.formats import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call
 from helpers.policy.base import SamplingParams
@@ -103,7 +110,7 @@ class Endpoint:
     """
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 120.0):
-        from openai import OpenAI  # installed with openenv-core (the 'openenv' extra) and with vLLM
+        from openai import OpenAI  # optional (the 'openenv' extra and vLLM bring it): the pure functions work without it
 
         self.base_url = base_url
         self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
@@ -241,3 +248,48 @@ def evaluate_endpoint(endpoint: Endpoint, tasks: list[Task], env_factory: Callab
     generated = sum(t.info["completion_tokens"] for t in result.trajectories)
     result.metrics["completions/mean_length"] = generated / len(result.trajectories)
     return result
+
+
+def build_endpoint_parser() -> argparse.ArgumentParser:
+    """``python -m helpers.evaluate``'s flags, and the endpoint's."""
+    parser = build_parser(prog="python -m helpers.ecosystem.endpoint",
+                          description="Held-out evaluation of a served model (any OpenAI-compatible endpoint), on a preset's "
+                                      "tasks or a public benchmark's; or a benchmark's score of a file of outputs.")
+    parser.add_argument("--base-url", required=True, metavar="URL", help="the endpoint that plays the episodes (http://host:port/v1)")
+    parser.add_argument("--model", default=None, help="the served model's name (default: the first the server lists)")
+    parser.add_argument("--api-key", default=None, help="the API key (default: the OPENAI_API_KEY variable)")
+    return parser
+
+
+def no_server(base_url: str) -> str:
+    return f"--base-url {base_url}: no server answers there; start it first (vllm serve MODEL ...), or check the host, the port and the /v1"
+
+
+def served_model(args: argparse.Namespace, config: TrainConfig, parser: argparse.ArgumentParser) -> Player:
+    """The endpoint at ``--base-url`` as the command's player (``helpers.evaluate.Player``)."""
+    from openai import APIConnectionError  # optional, as in Endpoint
+
+    if args.adapter is not None:
+        parser.error("--adapter goes on a local model; serve the adapter with the model instead (vllm serve ... --lora-modules)")
+    try:
+        endpoint = Endpoint(args.base_url, model=args.model, api_key=args.api_key)
+    except APIConnectionError:  # without --model it asks the server for its models
+        parser.error(no_server(args.base_url))
+
+    def play_tasks(tasks: list[Task], env_factory: Callable[[], object] | str, **options) -> EvalResult:
+        try:
+            return evaluate_endpoint(endpoint, tasks, env_factory, **options)
+        except APIConnectionError:  # with --model the first request is the first turn's (or the server went away mid-run)
+            parser.error(no_server(args.base_url))
+
+    return Player(play_tasks, {"base_url": args.base_url, "model": endpoint.model}, config)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m helpers.ecosystem.endpoint --base-url URL [--model NAME] [--api-key KEY]`` and ``python -m
+    helpers.evaluate``'s flags: prints and returns its JSON line, with ``base_url`` and ``model`` naming the player."""
+    return evaluate_main(argv, build_endpoint_parser(), served_model)
+
+
+if __name__ == "__main__":
+    command(parser=build_endpoint_parser(), player=served_model)

@@ -79,7 +79,7 @@ class ServerProcess(ServiceProcess):
         super().__init__("serve", store, args, log)
 
     def start(self, timeout: float = 300.0):
-        import httpx
+        import httpx  # optional (the 'serve' extra), as the server it talks to
 
         super().start()
         deadline = time.monotonic() + timeout
@@ -97,7 +97,7 @@ class ServerProcess(ServiceProcess):
         raise TimeoutError(f"the server did not answer /health within {timeout} s; see {self.log_path}")
 
     def admin(self, path: str, body: dict):
-        import httpx
+        import httpx  # optional (the 'serve' extra), as the server it talks to
 
         response = httpx.post(f"{self.url}/v1/admin/{path}", json=body, headers={"Authorization": f"Bearer {self.admin_token}"})
         response.raise_for_status()

@@ -50,6 +50,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from transformers import AutoConfig
+
 import helpers.worlds  # noqa: F401  (registers the presets memory_plan("gsm8k-24gb", ...) names)
 from helpers.config import TrainConfig, get_preset
 from helpers.paths import in_repo
@@ -141,8 +143,6 @@ def model_shape(model: str) -> ModelShape:
     folder = in_repo(model)
     if not (folder / "config.json").exists():
         raise ValueError(f"no shape for model {model!r}: not in the built-in table {sorted(QWEN25)} and no config.json at {folder}")
-    from transformers import AutoConfig  # only needed for local folders
-
     c = AutoConfig.from_pretrained(folder)
     return ModelShape(
         name=str(model),

@@ -12,12 +12,11 @@ with the episode, so the trainer can replay exactly that request.
 
 Drift: customers' habits change. The store setting ``WORLD_ITEMS_KEY`` lists the items customers buy now
 (None: all twelve); a customer's usual item is a stable hash of their name into that list. The
-simulation moves every customer to the items the starting agent handles worst (``helpers.service.simulate.worst_items``): the
+simulation moves every customer to the items the starting agent handles worst (``helpers.serve.simulate.worst_items``): the
 frozen agent's success falls and stays down, and only its users' feedback can teach the agent the new
-traffic. (A change of ``lookup``'s reply format was tried first: the 1M-parameter agent then succeeds on 0.02
-of tasks greedily and never in a sampled group, even for a leading space before the price, so GRPO has
-no signal to learn from; LOG.md.) The setting is in the store, so the server and the trainer see the
-same world.
+traffic. (A drift in the tools' reply format would not do: the 1M-parameter agent then almost never
+succeeds, not even in a sampled group, so GRPO has no signal to learn from.) The setting is in the store,
+so the server and the trainer see the same world.
 
 Simplifications, named: a customer's usual item is a hash of their name into the current item list; a
 question that is not the world's one question (``QUESTION``) is still served, with no known answer.

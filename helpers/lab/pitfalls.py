@@ -1,6 +1,6 @@
 """Training health before a long run: a checklist (the warnings during a run are ``helpers.health``).
 
-    from helpers.pitfalls import preflight
+    from helpers.lab.pitfalls import preflight
     print(preflight(get_preset("gsm8k-24gb"), gpu_gb=24))          # [x] / [ ] per item, with the helper's name
     preflight(config, gpu_gb=24, trajectories=first_batch)        # also: does the first batch carry a signal?
 
@@ -20,6 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helpers.config import TrainConfig
+from helpers.data import load_dataset
+from helpers.envs import check_env
+from helpers.lab.memory import memory_plan
+from helpers.loop import env_factory
+from helpers.rewards import reward_report
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
 
 
 @dataclass
@@ -45,9 +51,6 @@ def probe_tasks(config: TrainConfig, env) -> list:
     """Two tasks to play ``env`` with: two tiny arithmetic questions, which every env that asks only for a
     question and an answer takes; two of the config's own dataset when ``env``'s ``reset`` refuses them
     (it needs columns of its own: the shop's item and prices, a game's deal, a BFCL entry)."""
-    from helpers.data import load_dataset
-    from helpers.worlds.arithmetic.tasks import make_tiny_tasks
-
     tiny = make_tiny_tasks(2, seed=0, split="test")
     try:
         env.reset(tiny[0])
@@ -62,9 +65,6 @@ def preflight(config: TrainConfig, gpu_gb: float | None = None, trajectories: li
 
     Taught in notebooks/08_pitfalls.ipynb §5.
     """
-    from helpers.envs import check_env
-    from helpers.loop import env_factory
-
     items = Checklist()
     env = env_factory(config)()  # the Episode the run will drive
     problems = check_env(env, probe_tasks(config, env), n_random=n_random)
@@ -78,15 +78,11 @@ def preflight(config: TrainConfig, gpu_gb: float | None = None, trajectories: li
                            + (", a tool env without timeouts" if timeouts else "")))
 
     if gpu_gb is not None:
-        from helpers.memory import memory_plan
-
         plan = memory_plan(config, gpu_gb)
-        items.append(CheckItem(f"fits on a {gpu_gb:g} GiB card", "helpers.memory.check_fits", plan.fits,
+        items.append(CheckItem(f"fits on a {gpu_gb:g} GiB card", "helpers.lab.memory.check_fits", plan.fits,
                                f"peak {plan.peak_gib:.1f} GiB" + ("" if plan.fits else f": {plan.problems[0]}")))
 
     if trajectories is not None:
-        from helpers.rewards import reward_report
-
         report = reward_report(trajectories)
         items.append(CheckItem("the first batch has a learning signal", "helpers.rewards.reward_report",
                                report.flat_groups < report.n_groups, f"{report.flat_fraction:.0%} of groups flat"))

@@ -1,16 +1,16 @@
-"""``python -m helpers.bench NAME [options]``: run one benchmark (see ``helpers.bench``)."""
+"""``python -m helpers.lab.bench NAME [options]``: run one benchmark (see ``helpers.lab.bench``)."""
 
 import importlib
 import sys
 
 from helpers.floats import flush_denormals
 
-BENCHMARKS = {"rollout": "helpers.bench.rollout", "grpo": "helpers.bench.grpo"}
+BENCHMARKS = {"rollout": "helpers.lab.bench.rollout", "grpo": "helpers.lab.bench.grpo"}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    usage = f"usage: python -m helpers.bench {{{','.join(BENCHMARKS)}}} [options]   (--help after the name for its options)"
+    usage = f"usage: python -m helpers.lab.bench {{{','.join(BENCHMARKS)}}} [options]   (--help after the name for its options)"
     if argv[:1] in (["-h"], ["--help"]):  # asked for: the usage, and success
         print(usage)
         return

@@ -24,9 +24,8 @@ Experience replay: each update also replays ``replay`` requests drawn from those
 the items drawn evenly from those in the pool (``replay_sample``). A drifted traffic of a few items
 would otherwise pull the adapter away from the rest (catastrophic forgetting), and the canary gate
 would refuse update after update. Evenly by item, because the pool fills with what the traffic asks
-now: drawn uniformly from the pool, the replay came from the drifted items too, and the items being
-forgotten (learning ``key`` cost ``cake`` and ``pen`` 9 and 10 of their 12 canary tasks, LOG.md)
-were almost never replayed. A replayed request the agent already answers right at temperature 1 in
+now: drawn uniformly from the pool, the replay would come from the drifted items too, and the items
+being forgotten would almost never be replayed. A replayed request the agent already answers right at temperature 1 in
 every sample has no spread and costs only its sampling; one it starts to forget has, and pulls back.
 
 A group whose G episodes all agree with the reference, or all disagree, has no spread and teaches
@@ -54,14 +53,10 @@ guards stand in front of that:
   below its parent's and below the starting version's. Catastrophic forgetting shows here: the canary
   covers all items while the traffic may be a few.
 
-  Why not the best canary success so far (the first design)? A score is a noisy measure, and the best
-  of many noisy measures is a lucky one. On 36 canary tasks one version scored 35/36 = 0.972 where its
-  parent and children scored 33/36: the bar rose to 0.972 - 0.05 and refused the next 21 updates while
-  the served success stayed down (LOG.md). The deployed version as the reference would not have
-  saved that run alone: 33/36 is 0.056 below 35/36, more than the margin. The cause is the canary's
-  size: on 36 tasks a score moves in steps of 0.028 and the margin was 1.8 tasks; on 144 tasks the
-  same versions all score 0.917-0.924, a step is 0.007 and the margin 7 tasks. A greedy canary
-  evaluation of 144 tasks costs about 2.5 s on a CPU (36: 0.8 s).
+  Why not the best canary success so far? A score is a noisy measure, and the best of many noisy
+  measures is a lucky one: a bar set by it refuses every later update. The canary must also be large
+  enough that one task is a small step against the margin: on ``canary_tasks`` = 144 a task moves the
+  score by 0.007, and a margin of 0.05 is 7 tasks.
 
 Every version stays in the store; ``python -m helpers.serve rollback --version N`` (or the admin
 endpoint) deploys any of them, and the trainer follows: when the deployed pointer moves under it, it
@@ -82,10 +77,19 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file
+
 from helpers.config import TrainConfig
 from helpers.data import Task
+from helpers.evaluation import evaluate
 from helpers.formats import to_number
-from helpers.service.store import SQLiteStore
+from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards
+from helpers.policy import SamplingParams, load_model, make_policy, quiet_peft
+from helpers.rewards import combine, score_trajectories
+from helpers.rollout import rollout
+from helpers.serve.store import SQLiteStore
 from helpers.worlds.shop.env import ShopEnv
 from helpers.worlds.shop.tasks import SYSTEM, make_agent_tasks
 
@@ -99,13 +103,13 @@ CANARY_KEY = "trainer.canary_tasks"  # the canary set the store's canary scores 
 class OnlineConfig:
     batch_tasks: int = 8  # B: verifiable requests per update
     group_size: int = 8  # G: episodes sampled per request
-    canary_tasks: int = 144  # held-out tasks with known answers (12 of each item); 36 was too coarse (module docstring)
+    canary_tasks: int = 144  # held-out tasks with known answers, every item equally often (module docstring)
     gate_margin: float = 0.05  # a candidate this far below the deployed or the starting version's canary is refused
     audit_rate: float = 0.2  # share of feedback checked against the world's answer
     min_audits: int = 2  # a user is judged after this many audits
     min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
     replay: int = 4  # requests trained on before (of as many items), replayed in each update beside the B new ones
-    lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: at 5e-3, updates on a few items' requests forgot the others (LOG.md)
+    lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: updates on a few items' requests must not forget the others
     poll_s: float = 0.5  # seconds between looks at the store
 
 
@@ -187,11 +191,6 @@ class OnlineTrainer:
     """Reads feedback from the store, trains, gates and deploys (module docstring)."""
 
     def __init__(self, config: TrainConfig, store: SQLiteStore, online: OnlineConfig = OnlineConfig()):
-        from peft import PeftModel
-
-        from helpers.grpo import LoRAGRPO
-        from helpers.policy import load_model, make_policy, quiet_peft
-
         self.store, self.online = store, online
         self.config = replace(config, lr=online.lr, device="cpu" if config.device == "auto" else config.device)
         model, tokenizer = load_model(self.config)
@@ -219,8 +218,6 @@ class OnlineTrainer:
               f"v{self.start}, canary {self.start_canary:.3f}", flush=True)
 
     def canary(self, policy) -> float:
-        from helpers.evaluation import evaluate
-
         c = self.config
         result = evaluate(policy, self.canary_set, ShopEnv, max_new_tokens=c.max_new_tokens, max_steps=c.env_max_steps,
                           max_total_tokens=c.max_total_tokens)
@@ -274,11 +271,6 @@ class OnlineTrainer:
 
     def update(self, batch: list[dict]) -> int:
         """One GRPO update on ``batch``'s requests, then the gate. Returns the new version."""
-        from helpers.grpo import collate, group_advantages, group_rewards
-        from helpers.policy import SamplingParams
-        from helpers.rewards import combine, score_trajectories
-        from helpers.rollout import rollout
-
         c, o = self.config, self.online
         t0 = time.perf_counter()
         tasks = [request_task(f, reference(f)) for f in batch]
@@ -314,10 +306,6 @@ class OnlineTrainer:
 
     def reset_to(self, version: int) -> None:
         """Back to ``version``'s adapter weights, with a fresh optimizer (its moments point the refused way)."""
-        import torch
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         path = self.store.adapter_path(version)
         if path:
             set_peft_model_state_dict(self.trainer.model, load_file(Path(path) / "adapter_model.safetensors"))

