@@ -31,13 +31,13 @@ later, in a process whose pool already runs, it speeds up the calling thread's s
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
 
 def flush_denormals() -> bool:
     """Flush denormal floats to zero in this thread and the threads it starts from now on (module docstring).
     Returns False on a CPU that has no such mode (then nothing changes)."""
-    import numpy as np
-    import torch
-
     for dtype in (np.float16, np.float32, np.float64):  # numpy measures its float types' limits once, on first use,
         np.finfo(dtype)  # and with the mode on it would measure the smallest denormal as 0 (and warn): measure them now
     return torch.set_flush_denormal(True)

@@ -44,6 +44,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from helpers.rewards import describe_error
 from helpers.rollout import Trajectory
 
@@ -139,8 +141,6 @@ class TransformersBackend:
         self.max_new_tokens, self.timeout, self.name = max_new_tokens, timeout, name
 
     def __call__(self, messages: list[dict]) -> JudgeReply:
-        import torch
-
         if getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:

@@ -28,6 +28,10 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+from IPython import get_ipython
+from IPython.display import Image, display
+from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
 # (panel title, y-axis label, [(metric key, legend label), ...]). The training loop
 # logs these keys; "eval/..." keys appear only on evaluation steps (sparse points).
 # "eval/pass@k" stands for the run's pass@k, whatever its k (the loop logs e.g. "eval/pass@4").
@@ -66,10 +70,6 @@ def series_key(key: str) -> str:
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (including nbval's), False in a terminal or plain Python."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
     shell = get_ipython()
     return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
 
@@ -135,8 +135,6 @@ class LiveCurves:
 
     def figure(self):
         """Draw the six panels from the history and return the matplotlib figure."""
-        from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-
         if self._fig is None:
             self._fig = Figure(figsize=(13, 6.5))
             self._fig.subplots(2, 3)
@@ -167,8 +165,6 @@ class LiveCurves:
         return buffer.getvalue()
 
     def _show(self, line: str) -> None:
-        from IPython.display import Image, display
-
         image = Image(data=self.png(), format="png")
         if self._fig_handle is None:
             self._fig_handle = display(image, display_id=True)
@@ -198,7 +194,7 @@ class Reporters:
         self.tb = self.trackio = None
         for name in names:
             try:
-                if name == "tensorboard":
+                if name == "tensorboard":  # optional packages: imported only when asked for
                     from torch.utils.tensorboard import SummaryWriter
 
                     self.tb = SummaryWriter(str(run_dir / "tensorboard"))

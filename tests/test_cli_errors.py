@@ -18,7 +18,7 @@ import helpers.loop
 import helpers.train
 from helpers.bench import grpo, rollout
 from helpers.evaluate import main as evaluate_main
-from helpers.loop import ResumeError, run_folder_lock
+from helpers.checkpoint import ResumeError, run_folder_lock
 from helpers.paths import ROOT
 from helpers.policy.vllm import MISSING as VLLM_MISSING
 from helpers.serve import main as serve_main
@@ -130,7 +130,7 @@ def test_a_model_that_does_not_load_keeps_the_folders_last_run(tmp_path, monkeyp
 
     for where, failing in [("load_model", unreachable), ("make_policy", engine_fails)]:
         with monkeypatch.context() as patch:
-            patch.setattr(f"helpers.policy.{where}", failing)
+            patch.setattr(f"helpers.loop.{where}", failing)  # where the loop looks them up
             with pytest.raises((OSError, RuntimeError), match="simulated"):
                 helpers.loop.train(get_preset("tiny-agent", out_dir=str(run_dir)))
         assert (run_dir / "checkpoint-20").is_dir() and (run_dir / "metrics.jsonl").read_text() == "{}\n", where

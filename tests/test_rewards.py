@@ -9,12 +9,11 @@ from helpers import rewards as R
 from helpers.config import TrainConfig
 from helpers.data import Task
 from helpers.formats import format_number, format_tool_call
-from helpers.grpo import advantage_table
 from helpers.paths import GSM8K_SAMPLE
 from helpers.rollout import Trajectory
 from helpers.trl_compat import reward_funcs, to_trl_reward_func
 from helpers.trl_compat import trajectory_from_text as to_trl_trajectory
-from helpers.viewer import reward_panel, widgets_frontend
+from helpers.viewer import advantage_table, reward_panel, widgets_frontend
 from helpers.worlds.gsm8k.tasks import load_gsm8k
 
 

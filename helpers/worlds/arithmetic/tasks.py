@@ -13,6 +13,8 @@ import hashlib
 import random
 
 from helpers.data import Task, register_dataset
+from helpers.envs import CalculatorEnv, tool_schemas
+from helpers.formats import format_tool_call
 
 TINY_SYSTEM = "A calculator tool is available. Answer as <answer>N</answer>."
 SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems in each split
@@ -71,8 +73,6 @@ def tiny_dataset(split: str, n: int | None, seed: int) -> list[Task]:
 
 def calculator_tools() -> list[dict]:
     """The calculator's JSON schema, from the environment that runs it (as TRL renders it)."""
-    from helpers.envs import CalculatorEnv, tool_schemas
-
     return tool_schemas(CalculatorEnv())
 
 
@@ -82,8 +82,6 @@ def demonstration(task: Task, use_tool: bool) -> list[dict]:
     Direct answers are the true answer: the model is taught to try, and fails,
     because it cannot multiply two-digit numbers in its head.
     """
-    from helpers.formats import format_tool_call
-
     final = {"role": "assistant", "content": f"<answer>{task.answer}</answer>"}
     if not use_tool:
         return task.prompt + [final]

@@ -26,12 +26,16 @@ example (``game.conversation`` + its replies).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import time
 from pathlib import Path
 
+import torch
+
 from helpers.paths import ROOT
+from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.games.game import DEALS, MOVES, Match, conversation, information_states, reply_for
 from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
 from helpers.worlds.tinymodel import load_tiny, new_model, save_tiny, start_build, train_tokenizer
@@ -80,10 +84,6 @@ def demonstrations(hands: int, seed: int) -> list[list[dict]]:
 def build(out: str | Path = GAMES_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the warm start from the seed: tokenizer, SFT on the demonstrations, save to ``out``,
     measure it (``baseline``), write ``out/baseline.json``; return the baseline."""
-    import torch
-
-    from helpers.sft import encode_conversations, train_sft
-
     recipe, started, cpu_started, threads = start_build(BUILD, overrides)
     conversations = demonstrations(recipe["hands"], recipe["seed"])
     tokenizer = train_tokenizer(conversations, None, vocab_size=recipe["vocab_size"])
@@ -117,8 +117,6 @@ def compare(run_dirs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.games", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "baseline", "compare"],
                         help="build: rebuild data/tiny-games; baseline: measure it; compare: head to head of run folders")

@@ -47,7 +47,8 @@ import math
 import numbers
 import re
 
-from helpers.data import DatasetError, Task, import_extra, register_dataset_family
+from helpers.data import DatasetError, Task, register_dataset_family
+from helpers.hub import import_extra
 from helpers.worlds.arithmetic.tasks import SPLITS, split_of
 
 EXTRA = "benchmarks"  # the pyproject extra that installs reasoning-gym
