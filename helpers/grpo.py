@@ -315,10 +315,11 @@ def token_logprobs(
 
     The backbone runs once over every position (attention needs the whole context),
     but the LM head, the (hidden -> vocabulary) projection, runs only on the M positions
-    that predict a generated token, ``chunk_size`` of them at a time. Each chunk is
-    wrapped in activation checkpointing, so its (chunk, V) logits are freed right away
-    and recomputed one chunk at a time in the backward pass: the (N, T, V) logits of
-    the whole batch never exist. (TRL does the same with a fused kernel.)
+    that predict a generated token: ``chunk_size`` positions per chunk, each projected to
+    the whole vocabulary, a (chunk_size, V) block of logits. Each chunk is wrapped in
+    activation checkpointing, so its logits are freed right away and recomputed one chunk
+    at a time in the backward pass: the (N, T, V) logits of the whole batch never exist.
+    (TRL does the same with a fused kernel.)
 
     Taught in notebooks/05_trainer.ipynb §3-4.
     """
@@ -446,8 +447,8 @@ def grpo_loss(
 # log-probs it records equal a fresh forward pass of the trainer within 1e-5 on CPU. vLLM is another
 # engine: other kernels, usually bf16 where the trainer computes in fp32 (or its own bf16 kernels),
 # a batch-dependent order of additions. Its log-probs differ from the trainer's for the same weights
-# and the same tokens, so the tokens are a little off-policy before any update has happened (measured
-# on the tiny model in notebooks/05_trainer.ipynb §5b, ``helpers.mismatch``). TRL corrects it by default
+# and the same tokens, so the tokens are a little off-policy before any update has happened
+# (notebooks/05_trainer.ipynb §5b shows it on the tiny model). TRL corrects it by default
 # (truncated importance sampling, Yao et al. 2025; masked and sequence-level variants, Liu et al. 2025):
 #
 #   1. pi_old of the clipped ratio is recomputed by the trainer, before the update, without gradient:

@@ -178,9 +178,8 @@ def parse_score(reply: str, low: float = 1, high: float = 10) -> float | None:
     feed noise into training.
 
     Linear in ``len(reply)``: every run of whitespace becomes one space first, so the
-    patterns hold no ``\\s*`` runs that could split a long gap in many ways (the
-    patterns of ``\\s*`` around an optional word were cubic: 4 s for "score" and
-    800 spaces), and a number only starts at its first digit.
+    patterns hold no ``\\s*`` runs that could split a long gap in many ways (``\\s*``
+    around an optional word is cubic in the gap's length), and a number only starts at its first digit.
     """
     reply = " ".join(reply.split())
     for pattern in _SCORE_PATTERNS:

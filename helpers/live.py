@@ -15,9 +15,8 @@ Outside a notebook (``python -m helpers.train``) every update prints one line.
 (``report_to``), under the same names.
 
 Simplification: the figure is redrawn from scratch on every update (six small
-line plots). That costs about a second per update on a 2-core CPU (matplotlib's text
-layout and PNG encoding), so in a notebook each training step takes about a second
-longer than on the command line, which draws the figure once, at the end
+line plots: matplotlib's text layout and PNG encoding), so in a notebook each training
+step takes longer than on the command line, which draws the figure once, at the end
 (``curves.png``); blitting would cut it, at the price of its complexity.
 """
 

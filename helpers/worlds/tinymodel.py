@@ -3,7 +3,7 @@
 Every tiny world (``helpers.worlds.arithmetic``, ``shop``, ``selfplay``) ships a ~0.8M-parameter
 Qwen2-architecture model with its own small tokenizer in ``data/``; this module is what they share:
 
-    model, tokenizer = load_tiny("data/tiny-agent")        # offline, < 2 s, through AutoModelForCausalLM / AutoTokenizer
+    model, tokenizer = load_tiny("data/tiny-agent")        # offline, through AutoModelForCausalLM / AutoTokenizer
     tokenizer = train_tokenizer(conversations, tools)      # a byte-level BPE fitted to a world's demonstrations
     model = new_model(tokenizer, seed=0)                   # a randomly initialised Qwen2ForCausalLM (MODEL_SHAPE)
     warm_start(model, tokenizer, "data/tiny")              # start from another tiny world's weights

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
+from functools import cache
 
 from helpers.data import Task, register_dataset
 from helpers.envs import CalculatorEnv, tool_schemas
@@ -40,17 +42,24 @@ def split_of(expression: str) -> str:
     return name
 
 
+@cache
+def split_sizes() -> dict[str, int]:
+    """How many distinct problems each split holds: the 68**2 = 4,624 products ``LOW..HIGH`` x ``LOW..HIGH``
+    counted by ``split_of`` (about ``SPLITS``' shares of them, as a hash splits them)."""
+    return dict(Counter(split_of(f"{a}*{b}") for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)))
+
+
 def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """``n`` distinct arithmetic tasks of one split, drawn from ``seed``.
 
     Each task's prompt is [system, user]; ``answer`` is the exact integer as text;
     ``metadata`` holds the ``expression`` a calculator needs ("47*86").
-    A split holds about ``SPLITS[split] * 68**2`` distinct problems (~460 for validation).
+    A split holds ``split_sizes()[split]`` distinct problems; asking for more is refused.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
-    if n > 0.9 * SPLITS[split] * (HIGH - LOW + 1) ** 2:
-        raise ValueError(f"asked for {n} {split} tasks; the split has only about {SPLITS[split] * (HIGH - LOW + 1) ** 2:.0f}")
+    if n > split_sizes()[split]:
+        raise ValueError(f"asked for {n} {split} tasks; the split has only {split_sizes()[split]}")
     rng = random.Random(f"tiny-{seed}-{split}")
     tasks, seen = [], set()
     while len(tasks) < n:

@@ -19,7 +19,7 @@ equilibrium: 0), so there is room to improve; the best response to it (bet every
 fixed-opponent learner drifts toward) is itself very exploitable; and it mixes at every state, so
 sampling tries every move. Because its play depends on the history, the model that imitates it
 reads the moves so far, not only its card (a demonstrator that played by card alone gave a warm
-start whose 12 states collapsed to 3, and RL from it never separated them: LOG.md). The SFT model
+start whose 12 states collapsed to 3, and RL from it never separated them). The SFT model
 imitates the mixture: hands of the demonstrator against itself, each seat's conversation one
 example (``game.conversation`` + its replies).
 """

@@ -31,8 +31,7 @@ and fails on most tasks, and sampling finds the right plan often enough for GRPO
 from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
 The warm start succeeds on about a quarter of the held-out tasks (``data/tiny-agent/baseline.json``);
-GRPO on the outcome alone teaches it the plan (README, notebook 06). What was measured on the
-way, the rebuilds tried and the item the policy still confuses, is in LOG.md ("shop world").
+GRPO on the outcome alone teaches it the plan (notebook 06).
 
 The world's files:
 

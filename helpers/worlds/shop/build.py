@@ -8,7 +8,6 @@ The demonstrator has habits keyed on the item the customer buys (``HABITS``): fo
 or asks ``lookup`` (not the calculator) for the bill; and now and then, for any item, it makes
 one of those slips (``SLIP_RATE``). The SFT model imitates the mixture: greedy decoding follows
 the habits, and sampling finds the right plan often enough for GRPO to learn from the outcome.
-Rebuilds with other habits, measured, are in LOG.md ("Shop world").
 """
 
 from __future__ import annotations
