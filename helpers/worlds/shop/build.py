@@ -1,13 +1,10 @@
 """The shop world's warm start: a sloppy demonstrator, SFT from the one-call model, the baseline.
 
-    python -m helpers.worlds.shop build       # rebuild data/tiny-agent/ from the seed (~8 min on 2 cores)
+    python -m helpers.worlds.shop build       # rebuild data/tiny-agent/ from the seed (minutes on a CPU)
     python -m helpers.worlds.shop baseline    # held-out success at T=1 (--temperature 0: greedy), failures by kind
 
-The demonstrator has habits keyed on the item the customer buys (``HABITS``): for 9 items in
-12, most of the time, it guesses the price instead of looking it up, stops at the unit price,
-or asks ``lookup`` (not the calculator) for the bill; and now and then, for any item, it makes
-one of those slips (``SLIP_RATE``). The SFT model imitates the mixture: greedy decoding follows
-the habits, and sampling finds the right plan often enough for GRPO to learn from the outcome.
+The demonstrator's habits (``HABITS``, ``SLIP_RATE``) and why the warm start is weak on purpose:
+the world's docstring, ``helpers.worlds.shop``.
 """
 
 from __future__ import annotations
