@@ -31,6 +31,8 @@ The run folder (``runs/<preset>-seed<seed>/`` by default) gets:
     summary.json         before, after, wall-clock and CPU time, the time split (and what the collector adds)
     checkpoint-<step>/   adapter + optimizer + RNG + collector state (the last two are kept; written atomically)
 
+The folder's disk work (checkpoints, checksums, the lock, the resume check) is ``helpers.checkpoint``'s.
+
 Where the time went: the run ends with a line splitting its wall-clock time into ``TIME_SPLIT``'s
 parts, kept in summary.json as ``time_split`` (seconds; ``other`` is what the parts leave over).
 A step's ``t_save`` is what it wrote before its metrics line (trajectories, evaluation files); the
