@@ -27,9 +27,6 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from IPython import get_ipython
-from IPython.display import Image, display
-from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
 # (panel title, y-axis label, [(metric key, legend label), ...]). The training loop
 # logs these keys; "eval/..." keys appear only on evaluation steps (sparse points).
@@ -69,6 +66,8 @@ def series_key(key: str) -> str:
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (including nbval's), False in a terminal or plain Python."""
+    from IPython import get_ipython  # IPython and matplotlib are imported where a notebook or a figure needs them
+
     shell = get_ipython()
     return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
 
@@ -134,6 +133,8 @@ class LiveCurves:
 
     def figure(self):
         """Draw the six panels from the history and return the matplotlib figure."""
+        from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
         if self._fig is None:
             self._fig = Figure(figsize=(13, 6.5))
             self._fig.subplots(2, 3)
@@ -164,6 +165,8 @@ class LiveCurves:
         return buffer.getvalue()
 
     def _show(self, line: str) -> None:
+        from IPython.display import Image, display
+
         image = Image(data=self.png(), format="png")
         if self._fig_handle is None:
             self._fig_handle = display(image, display_id=True)

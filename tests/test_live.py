@@ -2,8 +2,6 @@
 
 import IPython.display
 
-import helpers.live
-
 from helpers.live import LiveCurves, format_line, in_notebook
 
 STEP = {"reward": 0.5, "success": 0.5, "tool_calls": 0.25, "kl": 0.01, "completions/mean_length": 30.0,
@@ -37,7 +35,7 @@ def test_notebook_mode_updates_one_display_in_place(monkeypatch):
         shown.append(obj)
         return Handle()
 
-    monkeypatch.setattr(helpers.live, "display", fake_display)  # where LiveCurves looks it up
+    monkeypatch.setattr(IPython.display, "display", fake_display)
     live = LiveCurves(None, notebook=True)
     for step in range(3):
         live.update(step, {**STEP, "reward": step / 2})

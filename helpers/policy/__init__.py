@@ -13,7 +13,6 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers.config import BACKENDS, TrainConfig
 from helpers.paths import ROOT
@@ -39,6 +38,10 @@ def load_model(config: TrainConfig):
     """``(model, tokenizer)`` from a local folder (relative to the repo root) or a hub id, in ``config.dtype``.
 
     Raises ``ModelUnavailable`` when a hub id does not load; a local folder's errors are left as they are."""
+    # transformers' auto classes are imported where a model loads: they pull in torch.distributed and sympy,
+    # which a command's refusals should not wait for
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     local = ROOT / config.model
     source = str(local) if local.exists() else config.model
     try:
