@@ -14,6 +14,26 @@ from typing import Callable
 
 from helpers.registry import register
 
+# The values each choice field takes, checked once, where a config is made (``TrainConfig.__post_init__``).
+BACKENDS = ("hf", "engine", "vllm")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+ADVANTAGES = ("grpo", "gigpo")  # verl-agent's and ROLL's adv_estimator; TRL has only GRPO's
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode
+CHOICES = {"backend": BACKENDS, "loss_type": LOSS_TYPES, "scale_rewards": SCALE_REWARDS, "advantage": ADVANTAGES,
+           "vllm_importance_sampling_mode": IS_MODES}
+
+
+class ConfigError(ValueError):
+    """A config field holds a value outside its choices. ``flag_message`` says it as the command's flag."""
+
+    def __init__(self, field: str, value, choices):
+        super().__init__(f"{field} must be one of {tuple(choices)}, got {value!r}")
+        self.field, self.value, self.choices = field, value, tuple(choices)
+
+    def flag_message(self) -> str:
+        return f"--{self.field.replace('_', '-')} {self.value}: choose from {', '.join(self.choices)}"
+
 
 @dataclass
 class TrainConfig:
@@ -86,6 +106,16 @@ class TrainConfig:
     out_dir: str = "runs/{preset}-seed{seed}"  # run folder, relative to the repository root
     resume: bool = False  # continue from the newest checkpoint in out_dir (same seed -> same numbers)
     seed: int = 0
+
+    def __post_init__(self):
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, getattr(self, name), choices)
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"vllm_importance_sampling_clip_min ({low}) must be less than vllm_importance_sampling_clip_max ({high})")
+        if self.vllm_importance_sampling_mode.endswith("truncate") and low is None and high is None:
+            raise ValueError("a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_min or _clip_max")
 
 
 PRESETS: dict[str, Callable[[], TrainConfig]] = {}  # name -> function returning a fresh config; filled by the worlds

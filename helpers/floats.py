@@ -9,17 +9,13 @@ among them, compute with them on a slow path, up to tens of times slower per ope
 
 Attention makes them. A softmax over a row of scores gives the positions that score ~90 below the
 best a probability of about ``exp(-90) = 8e-40``: a denormal. Every product that reads those
-probabilities, the product with the values and, in training, the backward pass, then runs slowly. Worked
-example, from one shop-world rollout of the tiny model: in the value product of a prefill, ``(132, 18, 126)
-@ (132, 126, 32)``, 22,033 of the 299,376 probabilities were denormal, and the product took about six
-times as long as the same product with them flushed (LOG.md, issue 29, has the timings).
+probabilities, the product with the values and, in training, the backward pass, then runs slowly.
 
 Flushing sets two bits of the CPU's float control register: denormal *results* become 0 (FTZ) and
 denormal *inputs* are read as 0 (DAZ). ``torch.set_flush_denormal(True)`` sets them. A probability of
 8e-40 then counts as 0, which changes a sum of probabilities that add up to 1 by less than float32 can
-show: on the main job (``python -m helpers.train --preset tiny-agent``, 20 steps) every figure in
-``metrics.jsonl`` but the timings came out the same with and without it, and the run took a fifth less
-time (LOG.md). TensorFlow flushes by default; PyTorch leaves the choice to the user.
+show: the main job's figures (``python -m helpers.train --preset tiny-agent``) are the same with and
+without it, and the run is faster. TensorFlow flushes by default; PyTorch leaves the choice to the user.
 
 Simplification, named: the bits belong to a CPU thread. ``torch.set_flush_denormal`` sets them for
 the thread that calls it; a thread started afterwards inherits them (POSIX), one already running keeps
@@ -31,13 +27,13 @@ later, in a process whose pool already runs, it speeds up the calling thread's s
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
 
 def flush_denormals() -> bool:
     """Flush denormal floats to zero in this thread and the threads it starts from now on (module docstring).
     Returns False on a CPU that has no such mode (then nothing changes)."""
-    import numpy as np
-    import torch
-
     for dtype in (np.float16, np.float32, np.float64):  # numpy measures its float types' limits once, on first use,
         np.finfo(dtype)  # and with the mode on it would measure the smallest denormal as 0 (and warn): measure them now
     return torch.set_flush_denormal(True)

@@ -20,20 +20,18 @@ which rule fired, so a run can report strict-format and lenient accuracy apart.
 Every function here reads model output, so each takes any string and never raises on
 it, in time linear in its length: tags are found with ``str.find`` (a regex like
 ``<tool_call>(.*?)</tool_call>`` rescans the rest of the text from every unclosed
-tag: quadratic, 4 s for 8,000 unclosed tags), numbers longer than
+tag: quadratic in the text's length), numbers longer than
 ``MAX_NUMBER_CHARS`` are not numbers we compare, and a tool call's JSON may be huge or
 deeply nested and still only becomes an error message. That is how the step timeout of
 an env "covers" parsing: parsing is fast by construction, so it needs no timer.
 
 The one judgement that is not fast by construction is math-verify's symbolic check
 (an answer like ``1/2`` against ``0.5``): sympy computes what it is given, and a short
-answer can cost without bound. Measured in a thread (2026-12-02): ``10^{10^{7}}`` 8.8 s,
-``(10^{6})!`` 7.1 s, ``\\sqrt{2}^{10^{9}}`` 7.9 s; ``2^{2^{2^{5}}}``, ``9^{9^{9}}`` and
-``\\binom{10^{6}}{500000}`` more than 25 s, holding the GIL all along, so no thread
-timer could cut them. A list of refused shapes cannot be complete (powers, factorials,
+answer can cost without bound: ``10^{10^{7}}``, ``(10^{6})!`` or ``9^{9^{9}}`` take seconds
+to minutes, holding the GIL all along, so no thread timer could cut them. A list of refused shapes cannot be complete (powers, factorials,
 binomials, roots...), so the check runs in a worker process that is killed at
 ``MATH_VERIFY_SECONDS``: the verdict is then ``"check_timeout"``, counted as wrong. The
-cut costs the limit plus a restart of the worker (0.35 s).
+cut costs the limit plus a restart of the worker.
 """
 
 from __future__ import annotations
@@ -283,7 +281,7 @@ class _MathVerifyWorker:
 
     Checks take turns (a lock): a thread waits for the ones before it, each at most
     ``MATH_VERIFY_SECONDS``, and the wait is not counted in its own time. Starting the
-    worker (importing sympy: 0.35 s here) is not counted either; after a kill the next
+    worker (importing sympy) is not counted either; after a kill the next
     check starts a new one. The worker ends with us: at exit its stdin is closed and it is waited for.
     """
 

@@ -50,33 +50,20 @@ Simplifications (named, so nothing is hidden):
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-import random
-import re
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from helpers.config import TrainConfig
+from helpers.checkpoint import read_checkpoint, write_checkpoint
+from helpers.config import IS_MODES, TrainConfig  # noqa: F401  (IS_MODES: the modes of section 3b, for its callers)
 from helpers.envs.base import TRUNCATED
+from helpers.policy import quiet_peft
 from helpers.rollout import Trajectory
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode
-SCALE_REWARDS = ("group", "batch", "none")
-ADVANTAGES = ("grpo", "gigpo")  # TrainConfig.advantage: verl-agent's and ROLL's adv_estimator; TRL has only GRPO's
-TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG, step, extra state (next to the adapter files)
-CHECKSUMS = "checksums.json"  # sha256 of every other file of the checkpoint, written with it
-CHECKPOINT_FILES = ("adapter_model.safetensors", TRAINER_STATE, CHECKSUMS)
-CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")  # what save_checkpoint renames into place; "checkpoint-20.tmp-..." is not one
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,8 +97,6 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (B, G), got {tuple(rewards.shape)}")
-    if scale_rewards not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     rewards = rewards.float()
     G = rewards.size(1)
     mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
@@ -140,28 +125,6 @@ def group_trajectories(trajectories) -> list[list]:
 def group_rewards(trajectories) -> torch.Tensor:
     """The scored trajectories' rewards as a (B, G) tensor: one row per task, in order of first appearance."""
     return torch.tensor([[t.reward for t in g] for g in group_trajectories(trajectories)], dtype=torch.float32)
-
-
-def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_groups: int | None = None) -> str:
-    """One line per group: its G rewards and the GRPO advantages they give (``helpers.grpo.group_advantages``).
-
-    A group whose rewards are all equal is marked ``(flat)``: its advantages are 0 and it
-    teaches nothing. Trajectories must already be scored.
-
-    Taught in notebooks/04_reward.ipynb §10 (``helpers.viewer.reward_panel``) and 08_pitfalls.ipynb §2.
-    """
-    groups = group_trajectories(trajs)[:max_groups]
-    rewards = group_rewards([t for g in groups for t in g])  # (B, G)
-    adv = group_advantages(rewards, scale_rewards)
-    width = max(len(g[0].task_id) for g in groups)
-    G = rewards.size(1)
-    lines = [f"{'task':<{width}}  {'rewards':<{6 * G}}  advantages ({scale_rewards})"]
-    for i, g in enumerate(groups):
-        r = " ".join(f"{x:5.2f}" for x in rewards[i].tolist())
-        a = " ".join(f"{x:+5.2f}" for x in adv.advantages[i].tolist())
-        lines.append(f"{g[0].task_id:<{width}}  {r}  {a}" + ("  (flat)" if adv.zero_spread[i] else ""))
-    return "\n".join(lines)
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,29 +284,9 @@ def step_group_metrics(groups: list[StepGroup]) -> dict[str, float]:
 
 def compute_advantages(trajectories, config: TrainConfig) -> Advantages:
     """The config's advantage (``config.advantage``) on scored trajectories: GRPO's per episode, or GiGPO's per turn."""
-    if config.advantage == "grpo":
-        return group_advantages(group_rewards(trajectories), config.scale_rewards)
     if config.advantage == "gigpo":
         return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards)
-    raise ValueError(f"advantage must be one of {ADVANTAGES}, got {config.advantage!r}")
-
-
-def step_group_table(trajs: list[Trajectory], gamma: float, scale_rewards: str = "group", max_groups: int | None = None,
-                     nontrivial_only: bool = True) -> str:
-    """One line per step group of the first ``max_groups`` tasks: its members (sample:turn), their returns
-    and their step advantages A_S (before the weight omega); only the non-trivial ones by default.
-
-    Taught in notebooks/06b_turn_credit.ipynb.
-    """
-    tasks = group_trajectories(trajs)[:max_groups]
-    shown = [sg for sg in step_groups([t for g in tasks for t in g], gamma) if sg.nontrivial or not nontrivial_only]
-    width = max([len("task"), *(len(sg.task_id) for sg in shown)])
-    lines = [f"{'task':<{width}}  turn  members (sample:turn -> return, A_S)"]
-    for sg in shown:
-        members = "   ".join(f"{g}:{k} -> {r:.3f}, {a:+.2f}"
-                             for (g, k), r, a in zip(sg.members, sg.returns, sg.advantages(scale_rewards).tolist()))
-        lines.append(f"{sg.task_id:<{width}}  {sg.turn:>4}  {members}")
-    return "\n".join(lines)
+    return group_advantages(group_rewards(trajectories), config.scale_rewards)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,10 +315,11 @@ def token_logprobs(
 
     The backbone runs once over every position (attention needs the whole context),
     but the LM head, the (hidden -> vocabulary) projection, runs only on the M positions
-    that predict a generated token, ``chunk_size`` of them at a time. Each chunk is
-    wrapped in activation checkpointing, so its (chunk, V) logits are freed right away
-    and recomputed one chunk at a time in the backward pass: the (N, T, V) logits of
-    the whole batch never exist. (TRL does the same with a fused kernel.)
+    that predict a generated token: ``chunk_size`` positions per chunk, each projected to
+    the whole vocabulary, a (chunk_size, V) block of logits. Each chunk is wrapped in
+    activation checkpointing, so its logits are freed right away and recomputed one chunk
+    at a time in the backward pass: the (N, T, V) logits of the whole batch never exist.
+    (TRL does the same with a fused kernel.)
 
     Taught in notebooks/05_trainer.ipynb §3-4.
     """
@@ -444,8 +388,6 @@ def grpo_loss(
 
     Taught in notebooks/05_trainer.ipynb §2-3.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta > 0 needs ref_logps (the reference policy's token log-probs)")
     mask = mask.to(logps.dtype)  # (N, T)
@@ -469,7 +411,7 @@ def grpo_loss(
         if max_completion_length is None:
             raise ValueError("dr_grpo needs max_completion_length (its constant denominator)")
         loss = (per_token * mask).sum() / (per_token.size(0) * max_completion_length) / grad_accum
-    else:  # dapo
+    else:  # dapo (TrainConfig checks the name)
         num_items = mask.sum() if num_items is None else torch.as_tensor(num_items, dtype=mask.dtype)
         loss = (per_token * mask).sum() / num_items.clamp(min=1.0)
 
@@ -505,8 +447,8 @@ def grpo_loss(
 # log-probs it records equal a fresh forward pass of the trainer within 1e-5 on CPU. vLLM is another
 # engine: other kernels, usually bf16 where the trainer computes in fp32 (or its own bf16 kernels),
 # a batch-dependent order of additions. Its log-probs differ from the trainer's for the same weights
-# and the same tokens, so the tokens are a little off-policy before any update has happened (measured
-# on the tiny model in notebooks/05_trainer.ipynb §5b, ``helpers.lab.mismatch``). TRL corrects it by default
+# and the same tokens, so the tokens are a little off-policy before any update has happened
+# (notebooks/05_trainer.ipynb §5b shows it on the tiny model). TRL corrects it by default
 # (truncated importance sampling, Yao et al. 2025; masked and sequence-level variants, Liu et al. 2025):
 #
 #   1. pi_old of the clipped ratio is recomputed by the trainer, before the update, without gradient:
@@ -551,8 +493,6 @@ def importance_sampling_ratio(old_logps: torch.Tensor, sampling_logps: torch.Ten
 
     Taught in notebooks/05_trainer.ipynb §5b.
     """
-    if mode not in IS_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {mode!r}")
     diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)  # (N, T) log w_t, 0 off the mask
     log_w = diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff  # (N, 1) or (N, T)
     w = torch.exp(log_w)
@@ -647,78 +587,6 @@ def collate(trajectories, advantages: Advantages, skip_zero_spread: bool = False
 # ----------------------------------------------------------------------------------------------
 
 
-def rng_state() -> dict:
-    """Every random generator a training step touches (LoRA dropout, data shuffles, sampling)."""
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def checkpoints(out_dir: str | Path) -> list[Path]:
-    """The complete ``checkpoint-<step>`` folders under out_dir, newest first.
-
-    Complete means renamed into place by ``save_checkpoint`` (a save killed half-way
-    leaves only a ``.tmp-`` folder, which is ignored) with all of its files present.
-    """
-    done = [p for p in Path(out_dir).glob("checkpoint-*")
-            if CHECKPOINT_NAME.fullmatch(p.name) and all((p / name).is_file() for name in CHECKPOINT_FILES)]
-    return sorted(done, key=lambda p: int(p.name.split("-")[-1]), reverse=True)
-
-
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under out_dir, or None (``checkpoints``; not yet verified)."""
-    return next(iter(checkpoints(out_dir)), None)
-
-
-def file_checksums(folder: Path) -> dict[str, str]:
-    """sha256 of every file in ``folder`` except the checksum file itself: name -> hex digest."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != CHECKSUMS}
-
-
-def checkpoint_damage(directory: str | Path) -> str | None:
-    """Why the checkpoint in ``directory`` cannot be trusted (a file missing, changed or added since
-    it was saved), or None when every file matches the checksums written with it."""
-    directory = Path(directory)
-    try:
-        saved = json.loads((directory / CHECKSUMS).read_text())
-    except (OSError, ValueError) as e:
-        return f"its {CHECKSUMS} cannot be read ({type(e).__name__})"
-    now = file_checksums(directory)
-    for name in sorted(set(saved) | set(now)):
-        if name not in now:
-            return f"{name} is missing"
-        if saved.get(name) != now[name]:
-            return f"{name} does not match its checksum" if name in saved else f"{name} was not part of it"
-    return None
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of ``folder``, and the folder itself, to disk (a rename is only as
-    durable as what it renames)."""
-    for path in [*folder.iterdir(), folder]:
-        _fsync(path)
-
-
 def _combine(micro: list[dict]) -> dict:
     """Metrics of the micro-batches of one optimizer step: losses add, token means are weighted by tokens."""
     tokens = sum(m["tokens"] for m in micro) or 1.0
@@ -738,7 +606,7 @@ def _combine(micro: list[dict]) -> dict:
 def lora_config(config: TrainConfig):
     """The config's ``lora_*`` fields as a peft ``LoraConfig``: the one place it is built
     (our trainer, TRL's through ``helpers.ecosystem.trl_bridge``, and the scale-out script)."""
-    from peft import LoraConfig
+    from peft import LoraConfig  # peft is imported where an adapter is made: a command's refusals need none
 
     return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
@@ -779,26 +647,12 @@ class LoRAGRPO:
         temperature: float | None = None,  # sampling temperature the log-probs were taken at (default config.temperature)
         chunk_size: int = 1024,  # positions per LM-head chunk in token_logprobs
     ):
+        # imported where an adapter is made (lora_config): peft, and transformers' schedules, which import peft too
         from peft import PeftModel, get_peft_model
         from transformers import get_linear_schedule_with_warmup
 
-        from helpers.policy import quiet_peft
-
         if not config.use_lora:
             raise ValueError("LoRAGRPO trains a LoRA adapter (its reference policy is the adapter switched off); set use_lora=True")
-        if config.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {config.loss_type!r}")
-        if config.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {config.scale_rewards!r}")
-        if config.advantage not in ADVANTAGES:
-            raise ValueError(f"advantage must be one of {ADVANTAGES}, got {config.advantage!r}")
-        if config.vllm_importance_sampling_mode not in IS_MODES:
-            raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got {config.vllm_importance_sampling_mode!r}")
-        low, high = config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max
-        if low is not None and high is not None and low >= high:
-            raise ValueError(f"vllm_importance_sampling_clip_min ({low}) must be less than vllm_importance_sampling_clip_max ({high})")
-        if config.vllm_importance_sampling_mode.endswith("truncate") and low is None and high is None:
-            raise ValueError("a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_min or _clip_max")
         self.config = config
         # Section 3b: only when another engine samples (TRL: use_vllm and vllm_importance_sampling_correction)
         self.correct_sampler = config.backend == "vllm" and config.vllm_importance_sampling_correction
@@ -808,12 +662,8 @@ class LoRAGRPO:
             with quiet_peft():
                 model = get_peft_model(model, lora_config(config))
         self.model = model.to(self.device)
-        if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, ~30% more compute
-            base = self.model.get_base_model()
-            if hasattr(base, "activation_checkpointing_enable"):  # not in transformers 5.19: the else branch runs there
-                base.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, more compute
+            self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # bf16 autocast on a GPU that has it; float32 elsewhere (CPU autocast is slow and not needed for a tiny model)
         self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # the adapter, nothing else
@@ -936,57 +786,22 @@ class LoRAGRPO:
     # ------------------------------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str | Path, extra_state: dict | None = None) -> Path:
-        """Write the adapter (peft format, loadable by ``PeftModel.from_pretrained`` and vLLM) and
-        everything else needed to continue exactly: ``extra_state`` is where the training loop
-        puts its own position (e.g. the data sampler's).
-
-        Atomic: everything is written into ``<directory>.tmp-<pid>``, flushed to disk, then
-        renamed to ``directory`` in one step. A process killed at any moment leaves either
-        the old checkpoint or the new one, never a half-written file that ``--resume`` would
-        trip over; ``checkpoints`` ignores leftover ``.tmp-`` folders. A sha256 of every file
-        goes with it (``checksums.json``), so damage done later (a disk error, a file copied
-        over) is found by ``checkpoint_damage`` before the checkpoint is loaded.
-        """
-        directory = Path(directory)
-        temporary = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
-        self.model.save_pretrained(temporary)
+        """Write the adapter and everything else needed to continue exactly (``helpers.checkpoint.write_checkpoint``,
+        atomic, with checksums): ``extra_state`` is where the training loop puts its own position (the data sampler's)."""
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
             "step": self.step,
             "optimizer_steps": self.optimizer_steps,
             "skipped_steps": self.skipped_steps,
             "extra_state": extra_state or {},
         }
-        torch.save(state, temporary / TRAINER_STATE)
-        (temporary / CHECKSUMS).write_text(json.dumps(file_checksums(temporary), indent=1))
-        _fsync_tree(temporary)
-        if directory.exists():  # saving the same step twice: move the old one aside, then drop it
-            stale = directory.with_name(f"{directory.name}.old-{os.getpid()}")
-            directory.rename(stale)
-            temporary.rename(directory)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            temporary.rename(directory)
-        _fsync(directory.parent)  # the rename itself
-        return directory
+        return write_checkpoint(directory, self.model, state)
 
     def load_checkpoint(self, directory: str | Path) -> dict:
         """Restore a checkpoint written by ``save_checkpoint`` into this trainer; returns its extra_state."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{directory} is not a complete checkpoint (no {missing[0]})")
-        set_peft_model_state_dict(self.model, load_file(directory / "adapter_model.safetensors", device=str(self.device)))
-        state = torch.load(directory / TRAINER_STATE, map_location="cpu", weights_only=False)  # our own file
+        state = read_checkpoint(directory, self.model, self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
         self.step, self.optimizer_steps, self.skipped_steps = state["step"], state["optimizer_steps"], state["skipped_steps"]
         return state["extra_state"]

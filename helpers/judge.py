@@ -44,6 +44,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from helpers.rewards import describe_error
 from helpers.rollout import Trajectory
 
@@ -139,8 +141,6 @@ class TransformersBackend:
         self.max_new_tokens, self.timeout, self.name = max_new_tokens, timeout, name
 
     def __call__(self, messages: list[dict]) -> JudgeReply:
-        import torch
-
         if getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:
@@ -178,9 +178,8 @@ def parse_score(reply: str, low: float = 1, high: float = 10) -> float | None:
     feed noise into training.
 
     Linear in ``len(reply)``: every run of whitespace becomes one space first, so the
-    patterns hold no ``\\s*`` runs that could split a long gap in many ways (the
-    patterns of ``\\s*`` around an optional word were cubic: 4 s for "score" and
-    800 spaces), and a number only starts at its first digit.
+    patterns hold no ``\\s*`` runs that could split a long gap in many ways (``\\s*``
+    around an optional word is cubic in the gap's length), and a number only starts at its first digit.
     """
     reply = " ".join(reply.split())
     for pattern in _SCORE_PATTERNS:

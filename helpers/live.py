@@ -15,9 +15,8 @@ Outside a notebook (``python -m helpers.train``) every update prints one line.
 (``report_to``), under the same names.
 
 Simplification: the figure is redrawn from scratch on every update (six small
-line plots). That costs about a second per update on a 2-core CPU (matplotlib's text
-layout and PNG encoding), so in a notebook each training step takes about a second
-longer than on the command line, which draws the figure once, at the end
+line plots: matplotlib's text layout and PNG encoding), so in a notebook each training
+step takes longer than on the command line, which draws the figure once, at the end
 (``curves.png``); blitting would cut it, at the price of its complexity.
 """
 
@@ -27,6 +26,7 @@ import io
 import math
 from dataclasses import asdict
 from pathlib import Path
+
 
 # (panel title, y-axis label, [(metric key, legend label), ...]). The training loop
 # logs these keys; "eval/..." keys appear only on evaluation steps (sparse points).
@@ -66,10 +66,8 @@ def series_key(key: str) -> str:
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (including nbval's), False in a terminal or plain Python."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
+    from IPython import get_ipython  # IPython and matplotlib are imported where a notebook or a figure needs them
+
     shell = get_ipython()
     return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
 
@@ -198,7 +196,7 @@ class Reporters:
         self.tb = self.trackio = None
         for name in names:
             try:
-                if name == "tensorboard":
+                if name == "tensorboard":  # optional packages: imported only when asked for
                     from torch.utils.tensorboard import SummaryWriter
 
                     self.tb = SummaryWriter(str(run_dir / "tensorboard"))

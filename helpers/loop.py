@@ -31,6 +31,8 @@ The run folder (``runs/<preset>-seed<seed>/`` by default) gets:
     summary.json         before, after, wall-clock and CPU time, the time split (and what the collector adds)
     checkpoint-<step>/   adapter + optimizer + RNG + collector state (the last two are kept; written atomically)
 
+The folder's disk work (checkpoints, checksums, the lock, the resume check) is ``helpers.checkpoint``'s.
+
 Where the time went: the run ends with a line splitting its wall-clock time into ``TIME_SPLIT``'s
 parts, kept in summary.json as ``time_split`` (seconds; ``other`` is what the parts leave over).
 A step's ``t_save`` is what it wrote before its metrics line (trajectories, evaluation files); the
@@ -65,22 +67,31 @@ Taught in notebooks/06_training_loop.ipynb.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from helpers.config import TrainConfig
-from helpers.floats import flush_denormals
-from helpers.paths import in_repo
-from helpers.registry import register
+import numpy as np
+import torch
 
-TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"
-KEEP_CHECKPOINTS = 2  # older checkpoint folders are deleted (a GSM8K adapter + optimizer is ~440 MB: 37M fp32 LoRA weights, two AdamW moments)
+from helpers.checkpoint import (EVAL_DIR, TRAJECTORY_DIR, clear_run_dir, resumable_checkpoint, run_dir_for, run_folder_lock,
+                                save_checkpoint)
+from helpers.config import ConfigError, TrainConfig
+from helpers.data import TaskSampler, load_dataset, write_jsonl
+from helpers.envs import make_env
+from helpers.evaluation import episode_stats, evaluate, save_records
+from helpers.floats import flush_denormals
+from helpers.grpo import LoRAGRPO, collate, compute_advantages, step_group_metrics, step_groups
+from helpers.health import HEALTH_KINDS, check_health
+from helpers.live import LiveCurves, Reporters
+from helpers.policy import SamplingParams, load_model, make_policy, resolve_device
+from helpers.registry import register
+from helpers.rewards import combine, reward_report, score_trajectories
+from helpers.rollout import rollout, save_trajectories
+
 EVAL_SEED = 0  # the held-out tasks: the test split drawn with this seed, whatever the run's seed
 # The parts of a run's wall-clock time (summary.json's time_split; "other" is the remainder):
 TIME_SPLIT = (
@@ -96,18 +107,15 @@ TIME_SPLIT = (
 def env_factory(config: TrainConfig):
     """A function making one fresh env per episode (an ``Episode``): ``config.env`` (a registry name, or
     ``"package.module:ClassName"``, any class on TRL's environment contract) and its options."""
-    from helpers.envs import make_env
-
     make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
     return lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)
 
 
 def look_up(config: TrainConfig):
-    """Look the config's names up in their registries, raising their one-line errors (an unknown dataset, env, env
-    option or reward); returns one held-out task. Nothing is kept: a run builds its own afterwards."""
-    from helpers.data import load_dataset
-    from helpers.rewards import combine
-
+    """Look the config's names up in their registries, raising their one-line errors (an unknown collector, dataset,
+    env, env option or reward); returns one held-out task. Nothing is kept: a run builds its own afterwards."""
+    if config.collect not in COLLECTORS:
+        raise ConfigError("collect", config.collect, sorted(COLLECTORS))
     task = load_dataset(config.dataset, "test", 1, seed=EVAL_SEED)[0]
     combine(config.rewards)
     if ":" not in config.env:  # a class by name is checked by check_env_class, on this task
@@ -116,9 +124,6 @@ def look_up(config: TrainConfig):
 
 
 def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -130,58 +135,10 @@ def step_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
 
 
-# ----------------------------------------------------------------------------------------------
-# The run folder
-# ----------------------------------------------------------------------------------------------
-
-
-def run_dir_for(config: TrainConfig, preset_name: str | None) -> Path:
-    return in_repo(config.out_dir.format(preset=preset_name or "custom", seed=config.seed))
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    """A fresh (non-resumed) run replaces what an earlier run wrote in the same folder."""
-    for name in ["metrics.jsonl", "summary.json", "curves.png", "config.json"]:
-        (run_dir / name).unlink(missing_ok=True)
-    for folder in [run_dir / TRAJECTORY_DIR, run_dir / EVAL_DIR, *run_dir.glob("checkpoint-*")]:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def save_checkpoint(trainer, run_dir: Path, step: int, extra_state: dict) -> None:
-    """Save this step's checkpoint (atomically), then delete all but the newest ``KEEP_CHECKPOINTS``
-    (and any ``.tmp-`` folder a killed save left behind)."""
-    from helpers.grpo import CHECKPOINT_NAME
-
-    trainer.save_checkpoint(run_dir / f"checkpoint-{step}", extra_state=extra_state)
-    folders = list(run_dir.glob("checkpoint-*"))
-    done = sorted((p for p in folders if CHECKPOINT_NAME.fullmatch(p.name)), key=lambda p: int(p.name.split("-")[-1]))
-    for old in done[:-KEEP_CHECKPOINTS] + [p for p in folders if not CHECKPOINT_NAME.fullmatch(p.name)]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------------------------
-# Resume, honestly: the same settings, an intact checkpoint, one run per folder
-# ----------------------------------------------------------------------------------------------
-
-# Fields a resumed run may change: they decide where and what is logged and saved, or how many cores
-# compute it, not what is trained (a run folder copied to another machine resumes there).
-RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every", "torch_threads")
-
-
-class ResumeError(ValueError):
-    """A run cannot be resumed as asked (its settings differ from the run it would continue)."""
-
-
-class RunFolderBusy(RuntimeError):
-    """Another run holds the run folder."""
-
-
 @contextmanager
 def torch_threads(count: int):
     """Run the block with torch computing on ``count`` CPU threads; 0 leaves torch's setting alone.
     The caller's setting comes back afterwards (a notebook's later cells keep theirs)."""
-    import torch
-
     before = torch.get_num_threads()
     if count > 0:
         torch.set_num_threads(count)
@@ -190,64 +147,6 @@ def torch_threads(count: int):
     finally:
         if count > 0:
             torch.set_num_threads(before)
-
-
-@contextmanager
-def run_folder_lock(run_dir: Path):
-    """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``, ``fcntl.flock``) while the block runs.
-
-    The operating system releases it when the process ends, however it ends (``kill -9`` too), so a
-    lock is never left behind; a second run on the folder raises ``RunFolderBusy`` at once.
-    """
-    import fcntl
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            raise RunFolderBusy(f"{run_dir} is in use by another run ({handle.read().strip() or 'a process'}); "
-                                "wait for it to end, or give this run another out_dir") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        yield
-
-
-def resumable_checkpoint(run_dir: Path, config: TrainConfig) -> Path | None:
-    """The checkpoint a resumed run continues from: the newest one whose files match their checksums
-    (a damaged newest one is reported and the one before it taken), or None when there is none.
-
-    Raises ``ResumeError`` when ``config`` differs from the run's own (``config.json``) in a field
-    that changes what is trained (all but ``RESUME_FREE``): the restored optimizer, scheduler and
-    adapter belong to the old settings, so continuing with new ones would train something no config
-    describes. The message names every field that differs.
-    """
-    from helpers.grpo import checkpoint_damage, checkpoints
-
-    found = checkpoints(run_dir)
-    for candidate in found:
-        damage = checkpoint_damage(candidate)
-        if damage is None:
-            break
-        print(f"resume: {candidate.name} is damaged ({damage}); falling back to the checkpoint before it", flush=True)
-    else:
-        print(f"resume: no intact checkpoint in {run_dir}, starting from scratch", flush=True)
-        return None
-    if not (run_dir / "config.json").is_file():
-        raise ResumeError(f"resume: {run_dir} has checkpoints but no config.json, so its settings are unknown; start a new run")
-    saved = json.loads((run_dir / "config.json").read_text())
-    now = json.loads(json.dumps(asdict(config)))  # as config.json holds it (tuples as lists)
-    # a field added to the config after the run was saved: the run used what is now its default
-    saved = {**json.loads(json.dumps(asdict(type(config)()))), **saved}
-    changed = [f"{name} {saved.get(name)!r} -> {value!r}" for name, value in now.items()
-               if name not in RESUME_FREE and saved.get(name) != value]
-    if changed:
-        raise ResumeError(f"resume: {run_dir.name} was trained with other settings ({'; '.join(changed)}); "
-                          "resume with the run's own settings, or start a new run in another out_dir")
-    return candidate
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,19 +179,11 @@ class GroupCollector:
     line_fields = None
 
     def __init__(self, config: TrainConfig, policy, make_env: Callable, reward: Callable):
-        from helpers.data import TaskSampler, load_dataset
-
         self.config, self.policy, self.make_env, self.reward = config, policy, make_env, reward
         train_tasks = load_dataset(config.dataset, "train", config.max_train_tasks, seed=config.seed)
         self.sampler = TaskSampler(train_tasks, config.tasks_per_step, seed=config.seed)
 
     def __call__(self, step: int) -> Collected:
-        from helpers.evaluation import episode_stats
-        from helpers.grpo import compute_advantages, step_group_metrics, step_groups
-        from helpers.policy import SamplingParams
-        from helpers.rewards import reward_report, score_trajectories
-        from helpers.rollout import rollout
-
         c = self.config
         tasks = self.sampler.next_batch()
         sampling = SamplingParams(c.max_new_tokens, c.temperature, c.top_p, seed=step_seed(c.seed, step))
@@ -378,23 +269,10 @@ def train(config: TrainConfig, preset_name: str | None = None, live=None) -> Run
 
 def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, started: tuple[float, float],
            on_exit: ExitStack) -> RunResult:
-    import torch
-
-    from helpers.data import load_dataset, write_jsonl
-    from helpers.evaluation import evaluate, save_records
-    from helpers.grpo import LoRAGRPO, collate
-    from helpers.health import HEALTH_KINDS, check_health
-    from helpers.live import LiveCurves, Reporters
-    from helpers.policy import load_model, make_policy, resolve_device
-    from helpers.rewards import combine
-    from helpers.rollout import save_trajectories
-
-    if config.collect not in COLLECTORS:
-        raise KeyError(f"unknown collector {config.collect!r} (config.collect); registered: {sorted(COLLECTORS)}")
     t_start, cpu_start = started
     spent = dict.fromkeys(TIME_SPLIT, 0.0)  # seconds of this call by part
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
-    look_up(config)  # an unknown dataset, env or reward raises here, before the folder's last run is cleared
+    look_up(config)  # an unknown collector, dataset, env or reward raises here, before the folder's last run is cleared
     checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
     seed_everything(config.seed)
 

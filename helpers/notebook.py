@@ -18,6 +18,8 @@ import importlib.metadata
 import os
 import platform
 
+import torch
+
 import helpers.worlds  # noqa: F401  (registers the built-in worlds' datasets, envs, presets and collectors)
 from helpers.floats import flush_denormals
 
@@ -52,8 +54,6 @@ def device_check() -> str:
     """Print what this machine can run and return the torch device string. On the way, flush denormal floats
     to zero, before torch starts its threads: attention's tiny probabilities otherwise take the CPU's slow path
     (``helpers.floats``; the training commands do the same)."""
-    import torch
-
     flush_denormals()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

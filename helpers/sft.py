@@ -15,7 +15,7 @@ tokens. The loss is cross-entropy on the next token, averaged over the masked to
 Why a short loop and not TRL's ``SFTTrainer``: ``SFTTrainer(assistant_only_loss=True)``
 reads the same ``{% generation %}`` mask, so it would train the same thing, but it
 brings ``TrainingArguments``, a ``datasets.Dataset`` conversion and accelerate's
-set-up, which cost seconds of start-up on a 2-core CPU and hide the four lines that
+set-up, which cost start-up time and hide the four lines that
 matter (forward, masked loss, backward, step). The loop below is those lines.
 
 Simplifications, named:

@@ -35,12 +35,15 @@ import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
+import torch
+
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
-from helpers.config import DEFAULT_PRESET, PRESETS, TrainConfig, get_preset
+from helpers.checkpoint import ResumeError, RunFolderBusy, run_dir_for
+from helpers.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, get_preset
 from helpers.envs import check_env_class
-from helpers.loop import COLLECTORS, ResumeError, RunFolderBusy, RunResult, look_up, run_dir_for, train
+from helpers.loop import RunResult, look_up, train
 from helpers.paths import ROOT
-from helpers.policy import BACKENDS, ModelUnavailable, resolve_device
+from helpers.policy import ModelUnavailable, resolve_device
 from helpers.policy.vllm import MISSING
 
 __all__ = ["RunResult", "add_config_flags", "build_parser", "main", "refusal", "train"]
@@ -131,8 +134,6 @@ MINIMUMS = {"steps": 0, "torch_threads": 0, "tasks_per_step": 1, "num_generation
 def refusal(config: TrainConfig, preset: str) -> str | None:
     """Why the command refuses ``config``, in one line, or None. Checked before ``train``, which clears the run
     folder: a typo in a flag must not cost the folder's last run, nor a model load."""
-    import torch
-
     for name, least in MINIMUMS.items():
         if getattr(config, name) < least:
             return f"--{name.replace('_', '-')} {getattr(config, name)}: give {least} or more"
@@ -157,14 +158,12 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
                else f"{torch.cuda.device_count()} CUDA GPU(s) visible")
         return (f"--device {config.device}: no such GPU here ({why}); give --device cpu, or auto to use a GPU when one is "
                 "visible (the GPU presets' CPU stand-ins are their smoke presets, e.g. gsm8k-tools-cpu-smoke)")
-    if config.backend not in BACKENDS:
-        return f"--backend {config.backend}: choose from {', '.join(BACKENDS)}"
     if config.backend == "vllm" and importlib.util.find_spec("vllm") is None:  # else a traceback once the model has loaded
         return f"--backend vllm: {MISSING}"
-    if config.collect not in COLLECTORS:
-        return f"--collect {config.collect}: choose from {', '.join(sorted(COLLECTORS))}"
-    try:  # the registries' own one-line messages: an unknown dataset, reward, env or env option
+    try:  # the registries' own one-line messages: an unknown collector, dataset, reward, env or env option
         task = look_up(config)
+    except ConfigError as e:
+        return e.flag_message()
     except (KeyError, ValueError, TypeError) as e:
         return e.args[0] if isinstance(e, KeyError) else str(e)  # a KeyError's str() quotes its message
     except ConnectionError as e:  # a hub dataset (GSM8K) offline
@@ -182,7 +181,12 @@ def main(argv: list[str] | None = None) -> RunResult:
     preset_only.add_argument("--preset", default=DEFAULT_PRESET)
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
-    config = get_preset(preset, **args)
+    try:
+        config = get_preset(preset, **args)
+    except ConfigError as e:  # a choice field's value (--backend, --loss-type, ...): TrainConfig checks them
+        raise SystemExit(f"python -m helpers.train: {e.flag_message()}") from None
+    except ValueError as e:  # the bounds of the importance-sampling weights
+        raise SystemExit(f"python -m helpers.train: {e}") from None
     problem = refusal(config, preset)
     if problem:
         raise SystemExit(f"python -m helpers.train: {problem}")

@@ -4,6 +4,8 @@
     show_group(trajs, tokenizer)         # the G samples of a task: a summary table + each episode
     show_advantages(traj, tokenizer, {"GRPO": 0.71, "GiGPO": [0.9, 0.8, 1.2, 0.7]})   # side by side, per turn
     reward_panel(trajs, {"correct": 1.0, "format": 0.1})   # sliders: re-weight, re-score, see the advantages
+    print(advantage_table(trajs))        # each group's rewards and GRPO advantages, as text
+    print(step_group_table(trajs, gamma=0.95))   # GiGPO's step groups: members, returns, step advantages
 
 Colours: green = written by the policy (mask 1, trained on), blue = env / tool
 tokens (mask 0), grey = the prompt (mask 0). Hover a token to see its id and its
@@ -16,9 +18,16 @@ a cell); ``trajectory_html`` gives the raw HTML string, e.g. to write to a file.
 from __future__ import annotations
 
 import html
+import os
+import sys
 
-from helpers.grpo import advantage_table, turn_spans
-from helpers.rewards import score_trajectories
+import ipywidgets as W
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+
+from helpers.grpo import group_advantages, group_rewards, group_trajectories, step_groups, turn_spans
+from helpers.live import in_notebook
+from helpers.rewards import reward_name, score_trajectories
 from helpers.rollout import Trajectory
 
 COLOURS = {"policy": "#c8f0c8", "env": "#cfe3ff", "prompt": "#eeeeee"}
@@ -125,23 +134,59 @@ def _messages_html(traj: Trajectory) -> str:
 
 def show_trajectory(traj: Trajectory, tokenizer):
     """Display one trajectory in a notebook (see ``trajectory_html``)."""
-    from IPython.display import HTML
-
     return HTML(trajectory_html(traj, tokenizer))
 
 
 def show_group(trajs: list[Trajectory], tokenizer=None):
     """Display a group of trajectories in a notebook (see ``group_html``)."""
-    from IPython.display import HTML
-
     return HTML(group_html(trajs, tokenizer))
 
 
 def show_advantages(traj: Trajectory, tokenizer, columns: dict[str, float | list[float]]):
     """Display one episode under several advantages, side by side (see ``advantages_html``)."""
-    from IPython.display import HTML
-
     return HTML(advantages_html(traj, tokenizer, columns))
+
+
+# --- advantages as text: the groups of GRPO, the step groups of GiGPO ----------------------------
+
+
+def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_groups: int | None = None) -> str:
+    """One line per group: its G rewards and the GRPO advantages they give (``helpers.grpo.group_advantages``).
+
+    A group whose rewards are all equal is marked ``(flat)``: its advantages are 0 and it
+    teaches nothing. Trajectories must already be scored.
+
+    Taught in notebooks/04_reward.ipynb §10 (``helpers.viewer.reward_panel``) and 08_pitfalls.ipynb §2.
+    """
+    groups = group_trajectories(trajs)[:max_groups]
+    rewards = group_rewards([t for g in groups for t in g])  # (B, G)
+    adv = group_advantages(rewards, scale_rewards)
+    width = max(len(g[0].task_id) for g in groups)
+    G = rewards.size(1)
+    lines = [f"{'task':<{width}}  {'rewards':<{6 * G}}  advantages ({scale_rewards})"]
+    for i, g in enumerate(groups):
+        r = " ".join(f"{x:5.2f}" for x in rewards[i].tolist())
+        a = " ".join(f"{x:+5.2f}" for x in adv.advantages[i].tolist())
+        lines.append(f"{g[0].task_id:<{width}}  {r}  {a}" + ("  (flat)" if adv.zero_spread[i] else ""))
+    return "\n".join(lines)
+
+
+def step_group_table(trajs: list[Trajectory], gamma: float, scale_rewards: str = "group", max_groups: int | None = None,
+                     nontrivial_only: bool = True) -> str:
+    """One line per step group of the first ``max_groups`` tasks: its members (sample:turn), their returns
+    and their step advantages A_S (before the weight omega); only the non-trivial ones by default.
+
+    Taught in notebooks/06b_turn_credit.ipynb.
+    """
+    tasks = group_trajectories(trajs)[:max_groups]
+    shown = [sg for sg in step_groups([t for g in tasks for t in g], gamma) if sg.nontrivial or not nontrivial_only]
+    width = max([len("task"), *(len(sg.task_id) for sg in shown)])
+    lines = [f"{'task':<{width}}  turn  members (sample:turn -> return, A_S)"]
+    for sg in shown:
+        members = "   ".join(f"{g}:{k} -> {r:.3f}, {a:+.2f}"
+                             for (g, k), r, a in zip(sg.members, sg.returns, sg.advantages(scale_rewards).tolist()))
+        lines.append(f"{sg.task_id:<{width}}  {sg.turn:>4}  {members}")
+    return "\n".join(lines)
 
 
 # --- rewards: histogram and the interactive panel of notebook 04 ------------------------------
@@ -149,8 +194,6 @@ def show_advantages(traj: Trajectory, tokenizer, columns: dict[str, float | list
 
 def plot_reward_histogram(trajs: list[Trajectory], part: str = "total", ax=None, title: str = ""):
     """Histogram of the total reward (``part="total"``) or of one logged part, over scored trajectories."""
-    import matplotlib.pyplot as plt
-
     values = [t.reward if part == "total" else t.reward_parts.get(part, 0.0) for t in trajs]
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3))
@@ -168,17 +211,8 @@ def widgets_frontend() -> bool:
     print as ``VBox(...)``. We look for JupyterLab / Notebook (``JPY_SESSION_NAME``), Colab,
     or VS Code; ``WORKBOOK_WIDGETS=1`` / ``0`` forces the answer.
     """
-    import os
-    import sys
-
-    from helpers.live import in_notebook
-
     if os.environ.get("WORKBOOK_WIDGETS") in ("0", "1"):
         return os.environ["WORKBOOK_WIDGETS"] == "1"
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
     frontend = "JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules or "VSCODE_PID" in os.environ
     return in_notebook() and frontend
 
@@ -198,10 +232,6 @@ def reward_panel(trajs: list[Trajectory], weights: dict, scale_rewards: str = "g
 
     Taught in notebooks/04_reward.ipynb §10.
     """
-    import matplotlib.pyplot as plt
-
-    from helpers.rewards import reward_name
-
     keys = {reward_name(k) if not isinstance(k, str) else k: k for k in weights}  # label -> what combine takes
     if len(keys) != len(weights):
         raise ValueError(f"two rewards share a name: {list(keys)}")
@@ -230,9 +260,6 @@ def reward_panel(trajs: list[Trajectory], weights: dict, scale_rewards: str = "g
         plt.tight_layout()
         plt.show()
         return None
-
-    import ipywidgets as W
-    from IPython.display import display
 
     sliders = {n: W.FloatSlider(value=w, min=-1.0, max=2.0, step=0.05, description=n, continuous_update=False) for n, w in start.items()}
     dropdown = W.Dropdown(options=["total", *keys], value="total", description="histogram")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers.grpo import latest_checkpoint
+from helpers.checkpoint import latest_checkpoint
 from helpers.paths import ROOT
 
 ARGS = ["--preset", "tiny-cpu", "--steps", "4", "--tasks-per-step", "2", "--num-generations", "4",
@@ -37,28 +37,29 @@ def save(obj, path, *a, **k):
         import io; buf = io.BytesIO(); real(obj, buf)
         open(path, "wb").write(buf.getvalue()[: len(buf.getvalue()) // 2]); die()
     return real(obj, path, *a, **k)
-grpo.torch.save = save
+checkpoint.torch.save = save
 """,
     # every file of checkpoint-4 written and flushed, not yet renamed into place
     "before-rename": """
-real = grpo._fsync_tree
+real = checkpoint._fsync_tree
 def fsync_tree(folder):
     real(folder)
     if folder.name.startswith("checkpoint-4"): die()
-grpo._fsync_tree = fsync_tree
+checkpoint._fsync_tree = fsync_tree
 """,
     # renamed into place; the older checkpoints not yet pruned
     "after-rename": """
-real = grpo._fsync
+real = checkpoint._fsync
 def fsync(path):
     real(path)
     if (path / "checkpoint-4").is_dir(): die()
-grpo._fsync = fsync
+checkpoint._fsync = fsync
 """,
 }
 
 DRIVER = """
 import os, signal, sys, torch
+import helpers.checkpoint as checkpoint
 import helpers.grpo as grpo
 def die(): os.kill(os.getpid(), signal.SIGKILL)
 _save = grpo.LoRAGRPO.save_checkpoint

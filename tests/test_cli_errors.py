@@ -20,7 +20,7 @@ from helpers.ecosystem.endpoint import main as endpoint_main
 from helpers.ecosystem.openenv_server import main as serve_env_main
 from helpers.evaluate import main as evaluate_main
 from helpers.lab.bench import grpo, rollout
-from helpers.loop import ResumeError, run_folder_lock
+from helpers.checkpoint import ResumeError, run_folder_lock
 from helpers.paths import ROOT
 from helpers.policy.vllm import MISSING as VLLM_MISSING
 from helpers.serve.__main__ import main as serve_main
@@ -133,7 +133,7 @@ def test_a_model_that_does_not_load_keeps_the_folders_last_run(tmp_path, monkeyp
 
     for where, failing in [("load_model", unreachable), ("make_policy", engine_fails)]:
         with monkeypatch.context() as patch:
-            patch.setattr(f"helpers.policy.{where}", failing)
+            patch.setattr(f"helpers.loop.{where}", failing)  # where the loop looks them up
             with pytest.raises((OSError, RuntimeError), match="simulated"):
                 helpers.loop.train(get_preset("tiny-agent", out_dir=str(run_dir)))
         assert (run_dir / "checkpoint-20").is_dir() and (run_dir / "metrics.jsonl").read_text() == "{}\n", where

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from helpers import data
+from helpers import data, hub
 from helpers.data import (
     DatasetError,
     Task,
@@ -331,14 +331,14 @@ def test_gold_answers_parse_back_exactly():
 
 def test_hub_reachable_respects_offline_and_failures(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert data.hub_reachable() is False
+    assert hub.hub_reachable() is False
     monkeypatch.delenv("HF_HUB_OFFLINE")
 
     def no_network(*args, **kwargs):
         raise OSError("no route")
 
-    monkeypatch.setattr(data.socket, "create_connection", no_network)
-    assert data.hub_reachable() is False
+    monkeypatch.setattr(hub.socket, "create_connection", no_network)
+    assert hub.hub_reachable() is False
 
 
 def test_a_bad_utf8_byte_is_reported_with_file_and_row(tmp_path):
@@ -438,7 +438,7 @@ def test_a_dataset_family_loads_every_member_by_name():
 def test_an_optional_package_that_is_missing_names_the_extra(monkeypatch):
     import sys
 
-    from helpers.data import import_extra
+    from helpers.hub import import_extra
 
     monkeypatch.setitem(sys.modules, "some_benchmark_pkg", None)  # an import of it fails, as when it is not installed
     with pytest.raises(ImportError, match=r"some_benchmark_pkg is not installed; it comes with the workbook's 'benchmarks' extra: "

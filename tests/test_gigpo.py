@@ -13,10 +13,11 @@ from helpers.config import TrainConfig, get_preset
 from helpers.data import Task
 from helpers.grpo import (
     LoRAGRPO, collate, compute_advantages, gigpo_advantages, group_advantages, group_rewards, grpo_loss,
-    step_group_metrics, step_group_table, step_groups, turn_returns, turn_spans,
+    step_group_metrics, step_groups, turn_returns, turn_spans,
 )
 from helpers.live import LiveCurves
 from helpers.rollout import Trajectory
+from helpers.viewer import step_group_table
 
 PROMPT = [5, 6, 7]
 

@@ -14,7 +14,7 @@ import pytest
 import helpers.worlds  # noqa: F401  (registers the benchmarks)
 from helpers.data import load_dataset
 from helpers.evaluate import main as evaluate_main
-from helpers.evaluation import get_benchmark
+from helpers.benchmarks import get_benchmark
 from helpers.formats import to_number
 from helpers.worlds.gsm8k.benchmark import GSM8K, judge_output
 

@@ -30,7 +30,8 @@ if not os_isolation():
 
 from helpers.envs import check_env_class, make_env
 from helpers.evaluate import main as evaluate_main
-from helpers.evaluation import evaluate, get_benchmark, pass_at_k_table, score_answers
+from helpers.benchmarks import get_benchmark, score_answers
+from helpers.evaluation import evaluate, pass_at_k_table
 from helpers.policy import ScriptedPolicy
 from helpers.worlds.humaneval.env import check_completion, reply_completion
 from helpers.worlds.tinymodel import load_tokenizer

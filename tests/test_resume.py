@@ -17,7 +17,8 @@ import torch
 
 from helpers.config import TrainConfig
 from helpers.data import Task
-from helpers.grpo import LoRAGRPO, latest_checkpoint
+from helpers.checkpoint import latest_checkpoint
+from helpers.grpo import LoRAGRPO
 from helpers.rollout import Trajectory
 from helpers.worlds.tinymodel import load_tiny
 

@@ -11,10 +11,9 @@ from helpers.data import Task
 from helpers.ecosystem.trl_bridge import reward_funcs, to_trl_reward_func
 from helpers.ecosystem.trl_bridge import trajectory_from_text as to_trl_trajectory
 from helpers.formats import format_number, format_tool_call
-from helpers.grpo import advantage_table
 from helpers.paths import GSM8K_SAMPLE
 from helpers.rollout import Trajectory
-from helpers.viewer import reward_panel, widgets_frontend
+from helpers.viewer import advantage_table, reward_panel, widgets_frontend
 from helpers.worlds.gsm8k.tasks import load_gsm8k
 
 

@@ -213,7 +213,7 @@ def test_the_run_closes_a_policy_that_holds_an_engine_when_it_ends_or_is_killed(
             closed.append(True)
 
     make_policy = helpers.policy.make_policy
-    monkeypatch.setattr(helpers.policy, "make_policy", lambda *args, **kw: Closing(make_policy(*args, **kw)))
+    monkeypatch.setattr(helpers.loop, "make_policy", lambda *args, **kw: Closing(make_policy(*args, **kw)))
     small = dict(steps=1, eval_every=0, pass_k=0, save_every=0, log_trajectories_every=0)
     train(short_config(tmp_path / "ends", **small), live=LiveCurves(None, notebook=False))
     assert closed == [True]
@@ -224,7 +224,7 @@ def test_the_run_closes_a_policy_that_holds_an_engine_when_it_ends_or_is_killed(
 
 @pytest.mark.slow
 def test_resume_refuses_other_settings_falls_back_past_a_damaged_checkpoint_and_locks_the_folder(tmp_path, one_thread, capsys):
-    from helpers.loop import ResumeError, RunFolderBusy, run_folder_lock
+    from helpers.checkpoint import ResumeError, RunFolderBusy, run_folder_lock
 
     small = dict(steps=2, save_every=1, eval_every=0, eval_tasks=2, pass_k=0)
     full = train(short_config(tmp_path / "full", **small), live=LiveCurves(None, notebook=False))

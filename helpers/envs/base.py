@@ -121,7 +121,7 @@ def tool_schemas(env) -> list[dict]:
     if type(env) not in _SCHEMAS:  # a class's tools are the same for every instance: built once per class
         methods = tool_methods(env)
         if methods:
-            from transformers.utils import get_json_schema  # transformers takes a second to import; only tool envs need it
+            from transformers.utils import get_json_schema  # transformers is heavy to import: only an env with tools needs it
         _SCHEMAS[type(env)] = [get_json_schema(method) for method in methods.values()]
     return list(_SCHEMAS[type(env)])
 

@@ -143,14 +143,13 @@ def steps_timed_by_caller() -> None:
     """Mark the current thread as one whose owner times every step taken in it, and abandons the thread
     when a step overruns (the rollout's step pool, ``helpers.rollout.env_pool``, which waits at most the
     episode's ``step_timeout``). The tools of a step taken there run in that thread: a second thread would
-    only add a handoff there and back, ~80-90 µs on a 2-core VM, several times a shop-world step's own work
-    (~13 µs; LOG.md, issue 29)."""
+    only add a handoff there and back, which costs more than a small tool's own work."""
     _THIS_THREAD.timed_by_caller = True
 
 
 class ToolThreads:
     """Daemon threads that run tool calls, each reused once its call returns: starting a thread for every
-    call cost ~0.8 ms (the join waits for the new thread to be scheduled), more than a shop tool's work.
+    call costs more than a small tool's work (the join waits for the new thread to be scheduled).
     Daemon threads, so a tool that never returns does not keep the process from exiting; a thread whose
     call timed out is left to it, and serves again if the call ever returns."""
 

@@ -6,25 +6,24 @@
     trained = load_adapter(model, "runs/.../checkpoint-50")  # a run's trained LoRA adapter on the base model
     policy = HFPolicy(model, tokenizer)                 # transformers, CPU or GPU: the textbook sampler
     policy = EnginePolicy(model, tokenizer)             # helpers.policy.engine: merged weights, KV cache across turns
-    policy = VLLMPolicy(...)                            # helpers.policy.vllm (imported lazily)
+    policy = VLLMPolicy.from_config(config, tokenizer)  # helpers.policy.vllm (vllm itself is imported when it starts)
 """
 
 import warnings
 from contextlib import contextmanager
 
-from helpers.config import TrainConfig
+import torch
+
+from helpers.config import BACKENDS, TrainConfig
 from helpers.paths import ROOT
 from helpers.policy.base import Generation, Policy, SamplingParams, ScriptedPolicy
 from helpers.policy.engine import EnginePolicy
 from helpers.policy.hf import HFPolicy
-
-BACKENDS = ("hf", "engine", "vllm")
+from helpers.policy.vllm import VLLMPolicy
 
 
 def resolve_device(name: str) -> str:
     """``"auto"`` -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; any other name as it is."""
-    import torch
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
@@ -39,7 +38,8 @@ def load_model(config: TrainConfig):
     """``(model, tokenizer)`` from a local folder (relative to the repo root) or a hub id, in ``config.dtype``.
 
     Raises ``ModelUnavailable`` when a hub id does not load; a local folder's errors are left as they are."""
-    import torch
+    # transformers' auto classes are imported where a model loads: they pull in torch.distributed and sympy,
+    # which a command's refusals should not wait for
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = ROOT / config.model
@@ -67,7 +67,7 @@ def quiet_peft():
 
 def load_adapter(model, adapter_dir):
     """``model`` with a trained LoRA adapter on it (a run's ``checkpoint-<step>`` folder), in eval mode."""
-    from peft import PeftModel
+    from peft import PeftModel  # peft is imported where an adapter is handled: a command's refusals need none
 
     with quiet_peft():
         return PeftModel.from_pretrained(model, adapter_dir).eval()
@@ -78,18 +78,14 @@ def make_policy(config: TrainConfig, model, tokenizer) -> Policy:
     engine on a merged copy of ``model``'s weights; or a vLLM engine on the same weights that starts
     from ``model``'s adapter (its B = 0 at the start of a run: the base model's outputs). The last two
     take the updated adapter at each ``sync(model)``."""
-    if config.backend == "hf":
-        return HFPolicy(model, tokenizer)
     if config.backend == "engine":
         return EnginePolicy(model, tokenizer)
     if config.backend == "vllm":
-        from helpers.policy.vllm import VLLMPolicy
-
         policy = VLLMPolicy.from_config(config, tokenizer)
         policy.sync(model)
         return policy
-    raise ValueError(f"unknown backend {config.backend!r}; choose from {BACKENDS}")
+    return HFPolicy(model, tokenizer)  # "hf" (TrainConfig checks the name)
 
 
-__all__ = ["BACKENDS", "EnginePolicy", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_adapter", "load_model",
+__all__ = ["BACKENDS", "EnginePolicy", "VLLMPolicy", "Generation", "HFPolicy", "Policy", "SamplingParams", "ScriptedPolicy", "load_adapter", "load_model",
            "make_policy", "quiet_peft", "resolve_device"]

@@ -6,12 +6,10 @@
 
 ``HFPolicy`` (notebook 03) is the textbook sampler: left padding, a KV cache, finished rows dropped.
 On a model as small as the tiny worlds' it spends most of its time on bookkeeping rather than
-arithmetic: measured on the shop world (96 episodes, 2 cores), a decode step took ~29 ms, of which
-the matrix products were ~4 ms; most of the rest was growing the cache by concatenation (~55 %) and an
-attention kernel made for long queries run on one-token queries (~25 %). And in a multi-turn
-episode every turn *re-reads the whole conversation* (the prefill), so for the shop world's ~3.5
-turns the model computed ~10x more prompt tokens than it generated. The engine removes those costs
-the way vLLM does, at the scale of one file:
+arithmetic: growing the cache by concatenation, and an attention kernel made for long queries run on
+one-token queries. And in a multi-turn episode every turn *re-reads the whole conversation* (the
+prefill), so the model computes many more prompt tokens than it generates. The engine removes those
+costs the way vLLM does, at the scale of one file:
 
 1. **Merged weights.** At ``sync(model)`` each projection's effective weight is computed (the base
    weight plus LoRA's ``B A * alpha / r``, by peft's own ``get_delta_weight``), and q/k/v and
@@ -32,21 +30,18 @@ the way vLLM does, at the scale of one file:
    child takes over its row, and a node where prompts finished is copied to a row at the back (kept
    for their next turn): a step copies the rows of new branches and finished nodes, not the cache.
    Each part is one contiguous block (a view of reused storage of its exact shape): on a CPU, reading
-   the same keys out of a wider buffer made the attention 2-3x slower (LOG.md, issue 29). The prompt
-   part's keys lie transposed in memory, ``(head_dim, T0)`` per head, as the product ``q @ K^T`` reads
-   them: the same numbers 1.5-2.6x faster on a CPU than through a transposed view (the code indexes them
-   through such a view, ``(T0, head_dim)`` like the values).
+   the same keys out of a wider buffer makes the attention slower. The prompt part's keys lie transposed
+   in memory, ``(head_dim, T0)`` per head, as the product ``q @ K^T`` reads them (the code indexes them
+   through a transposed view, ``(T0, head_dim)`` like the values).
 4. **Attention for one new token** is small batched matrix products, one softmax over both parts.
    Rows whose prompts are identical (the G samples of a task in the first turn; often in later ones,
-   when their turns so far came out the same: 5, 12, 33 and 16 distinct prompts of 96, 96, 96 and 55
-   rows in one shop-world step) read their prompt's keys *once*: their queries are stacked into one
+   when their turns so far came out the same) read their prompt's keys *once*: their queries are stacked into one
    matrix for it (the ``(U, R)`` grid of ``_forward``), as cascade attention does for a shared prefix.
    The grid is one product over the whole part, so as prompts finish their rows would still be read;
    once the rows with a live node are a quarter fewer than those read, those alone are copied into a
    smaller part that later steps read (``_read``; the prompt part itself stays whole for the next call).
 5. **Rows that agree are computed once.** A row's next logits depend only on its sequence so far, and
-   the G samples of a task often write the same tokens for a while (in that shop-world step, the 4,730
-   tokens sampled were drawn from the logits of 937 distinct sequences). So each step computes one
+   the G samples of a task often write the same tokens for a while. So each step computes one
    *node* per distinct sequence (prompt and sampled tokens), and every row draws its own token from its
    node's logits. The rows of a node that drew different tokens go on in different nodes (children),
    each starting from a copy of the node's keys: the tree of shared prefixes that SGLang's radix cache
@@ -322,7 +317,7 @@ class EnginePolicy:
         self.prompt_kv = new
         return reused
 
-    @torch.inference_mode()  # no_grad, and no autograd bookkeeping at all (version counters): cheaper small ops (LOG.md)
+    @torch.inference_mode()  # no_grad, and no autograd bookkeeping at all (version counters): cheaper small ops
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt, as ``HFPolicy.generate`` does (same draws for the same seed)."""
         if not prompts:
@@ -427,7 +422,7 @@ class EnginePolicy:
 def _rows_of(part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """A copy of the prompt rows ``rows`` of a cache part (layers, U, kv, T, D), in the part's own memory layout
     (the keys' transposed one too: module docstring, 3.). ``index_select`` over the memory as it lies copies
-    each row's block whole, ~2x faster than indexing through the keys' transposed view (an element at a time)."""
+    each row's block whole, rather than an element at a time through the keys' transposed view."""
     if part.is_contiguous():
         return part.index_select(1, rows)
     return part.transpose(-1, -2).index_select(1, rows).transpose(-1, -2)  # keys: (..., D, T) in memory

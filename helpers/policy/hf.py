@@ -201,10 +201,9 @@ def multinomial_one(probs: torch.Tensor, generator: torch.Generator | None = Non
     How torch draws it (the exponential race, the Gumbel-max trick; vLLM's sampler races the same
     way): every token ``v`` gets a waiting time ``q_v ~ Exp(1)``, and the winner is ``argmax p_v / q_v``,
     which is token ``v`` with probability ``p_v / sum(p)``. On a CPU torch makes each ``q_v`` as
-    ``-log1p(-u)`` of a float64 uniform ``u``, in a scalar loop: ~16 ns a number, V numbers a row, about
-    a tenth of the shop world's rollout (LOG.md, issue 29). The same uniforms from ``torch.rand`` (one
-    float64 each, from the same generator, in the same order) and the same formula, vectorised, give
-    the same float32 waiting times ~2x faster, so the same tokens (``tests/test_policy_hf.py`` checks
+    ``-log1p(-u)`` of a float64 uniform ``u``, in a scalar loop, V numbers a row. The same uniforms from
+    ``torch.rand`` (one float64 each, from the same generator, in the same order) and the same formula,
+    vectorised, give the same float32 waiting times faster, so the same tokens (``tests/test_policy_hf.py`` checks
     this against ``torch.multinomial``). Elsewhere (float64 probabilities, a GPU: there torch's draws
     differ from these) this is ``torch.multinomial`` itself.
     """

@@ -65,6 +65,10 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig
+
+from helpers.paths import ROOT
 from helpers.policy.base import Generation, SamplingParams
 
 GIB = 2**30
@@ -85,6 +89,7 @@ MISSING = ("the vllm backend needs vLLM: pip install -e '.[gpu]' on a CUDA machi
 
 
 def _import_vllm():
+    """vllm's modules, imported when an engine starts: vllm is an optional extra, and heavy."""
     try:
         import vllm
         from vllm.lora.request import LoRARequest
@@ -97,9 +102,6 @@ def _import_vllm():
 def cpu_engine_args(model: str, dtype: str, max_model_len: int | None, sequences: int) -> dict:
     """vLLM options for its CPU build (module docstring, "What differs on CPU"), sized for
     ``sequences`` sequences of ``max_model_len`` tokens (None: the model's longest)."""
-    import torch
-    from transformers import AutoConfig
-
     c = AutoConfig.from_pretrained(model)
     length = max_model_len or c.max_position_embeddings
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -168,8 +170,6 @@ class VLLMPolicy:
     def from_config(cls, config, tokenizer=None, adapter_dir: str | Path | None = None) -> VLLMPolicy:
         """Build from a ``TrainConfig``: model, dtype, vLLM's share of the card, sleep mode, LoRA rank;
         on CPU a KV cache for one rollout batch (``tasks_per_step x num_generations`` sequences)."""
-        from helpers.paths import ROOT
-
         local = ROOT / config.model  # a folder in the repository ("data/tiny"), wherever Python was started
         return cls(
             str(local) if local.exists() else config.model,
@@ -227,8 +227,6 @@ class VLLMPolicy:
     def wake_up(self) -> None:
         """Before sampling: give the trainer's freed memory back to CUDA, then restore vLLM."""
         if self.asleep:
-            import torch
-
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.llm.wake_up()

@@ -3,7 +3,7 @@
 Every tiny world (``helpers.worlds.arithmetic``, ``shop``, ``selfplay``) ships a ~0.8M-parameter
 Qwen2-architecture model with its own small tokenizer in ``data/``; this module is what they share:
 
-    model, tokenizer = load_tiny("data/tiny-agent")        # offline, < 2 s, through AutoModelForCausalLM / AutoTokenizer
+    model, tokenizer = load_tiny("data/tiny-agent")        # offline, through AutoModelForCausalLM / AutoTokenizer
     tokenizer = train_tokenizer(conversations, tools)      # a byte-level BPE fitted to a world's demonstrations
     model = new_model(tokenizer, seed=0)                   # a randomly initialised Qwen2ForCausalLM (MODEL_SHAPE)
     warm_start(model, tokenizer, "data/tiny")              # start from another tiny world's weights
@@ -34,7 +34,13 @@ Simplifications, named:
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from helpers.paths import TINY_DIR, in_repo
 
@@ -104,10 +110,6 @@ def train_tokenizer(conversations: list[list[dict]], tools: list[dict] | None, v
     model copies numbers digit by digit) and keeps merges inside words.
     Byte level means any text encodes (no unknown token).
     """
-    from tokenizers import AddedToken, Tokenizer, models, trainers
-    from transformers import Qwen2Tokenizer
-    from transformers.utils.chat_template_utils import render_jinja_template
-
     texts, _ = render_jinja_template(conversations, tools=tools, chat_template=CHAT_TEMPLATE)
     pipeline = Qwen2Tokenizer()._tokenizer  # an empty Qwen2 tokenizer: we borrow its normalizer and pre-tokenizer
     bpe = Tokenizer(models.BPE())
@@ -135,8 +137,6 @@ def train_tokenizer(conversations: list[list[dict]], tools: list[dict] | None, v
 
 def _byte_alphabet() -> list[str]:
     """The 256 byte-level symbols, so every byte has a token before any merge."""
-    from tokenizers import pre_tokenizers
-
     return pre_tokenizers.ByteLevel.alphabet()
 
 
@@ -156,9 +156,6 @@ MODEL_SHAPE = dict(
 
 def new_model(tokenizer, seed: int = 0):
     """A randomly initialised Qwen2ForCausalLM (the real class) sized for a CPU."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         tie_word_embeddings=True,
@@ -183,15 +180,11 @@ def save_tiny(model, tokenizer, path: str | Path = TINY_DIR) -> None:
 
 def load_tokenizer(path: str | Path = TINY_DIR):
     """The tiny tokenizer, through ``AutoTokenizer`` as any user would load it."""
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(in_repo(path))
 
 
 def load_tiny(path: str | Path = TINY_DIR):
     """``(model, tokenizer)`` from ``data/tiny/`` (relative paths resolve against the repo root)."""
-    from transformers import AutoModelForCausalLM
-
     path = in_repo(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()
@@ -206,10 +199,6 @@ def start_build(defaults: dict, overrides: dict) -> tuple[dict, float, float, in
     unknown setting is an error), the wall and CPU clocks, and seeded torch threads (``recipe["threads"]``,
     1 if the recipe has none: the same float sums on every machine, so the same checkpoint from the seed).
     Returns (recipe, wall clock, CPU clock, the thread count to restore at the end)."""
-    import time
-
-    import torch
-
     unknown = set(overrides) - set(defaults)
     if unknown:
         raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(defaults)}")
@@ -231,8 +220,6 @@ def warm_start(model, tokenizer, source: str | Path = TINY_DIR) -> int:
     one-call model already copies digits (question -> calculator, tool result -> answer).
     A real agent is fine-tuned from a pretrained model for the same reason.
     """
-    import torch
-
     donor, donor_tokenizer = load_tiny(source)
     layers = {k: v for k, v in donor.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
     missing, unexpected = model.load_state_dict(layers, strict=False)

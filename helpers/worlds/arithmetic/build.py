@@ -9,11 +9,20 @@ the model cannot compute): the warm start learns both, and RL finds out which on
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import time
 from pathlib import Path
 
+import torch
+
+from helpers.evaluation import task_record
 from helpers.paths import TINY_DIR
+from helpers.policy.base import SamplingParams
+from helpers.policy.hf import HFPolicy
+from helpers.rollout import rollout
+from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.arithmetic.tasks import (
     calculator_tools,
     demonstration,
@@ -42,12 +51,6 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
 def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the tiny model from the seed: tokenizer, SFT on a tool/no-tool mixture,
     save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
-    import time
-
-    import torch
-
-    from helpers.sft import encode_conversations, train_sft
-
     recipe, started, cpu_started, threads = start_build(BUILD, overrides)
     tools = calculator_tools()
     tasks = make_tiny_tasks(recipe["train_tasks"], recipe["seed"], "train")
@@ -83,11 +86,6 @@ def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, spli
     ``success_with_tool`` and ``success_without_tool`` (success among each kind).
     One episode per task through ``helpers.rollout`` (the same loop RL uses).
     """
-    from helpers.evaluation import task_record
-    from helpers.policy.base import SamplingParams
-    from helpers.policy.hf import HFPolicy
-    from helpers.rollout import rollout
-
     tasks = make_tiny_tasks(n, seed, split)
     sampling = SamplingParams(max_new_tokens=48, temperature=temperature, seed=seed)
     episodes = rollout(tasks, "calculator", HFPolicy(model, tokenizer), group_size=1, sampling=sampling,
@@ -107,8 +105,6 @@ def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, spli
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.arithmetic", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "baseline"], help="build: rebuild data/tiny from the seed; baseline: measure it")
     parser.add_argument("--out", default=str(TINY_DIR), help="folder to write (build) or read (baseline)")

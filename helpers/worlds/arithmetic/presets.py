@@ -12,7 +12,6 @@ def tiny_cpu() -> TrainConfig:
     64 episodes per step (8 tasks x G = 8), short turns (a tool call is ~22 tokens, an
     answer ~7), and a learning rate far above the GSM8K one: a rank-8 adapter on a
     tiny model (helpers.worlds.tinymodel.MODEL_SHAPE) moves slowly, and the reward here is clean (exact arithmetic).
-    Measured on 2 shared CPU cores (OMP_NUM_THREADS=1): ~200 s CPU, ~4-5 min wall.
     """
     return TrainConfig(
         device="cpu",

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
+from functools import cache
 
 from helpers.data import Task, register_dataset
+from helpers.envs import CalculatorEnv, tool_schemas
+from helpers.formats import format_tool_call
 
 TINY_SYSTEM = "A calculator tool is available. Answer as <answer>N</answer>."
 SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}  # share of all problems in each split
@@ -38,17 +42,24 @@ def split_of(expression: str) -> str:
     return name
 
 
+@cache
+def split_sizes() -> dict[str, int]:
+    """How many distinct problems each split holds: the 68**2 = 4,624 products ``LOW..HIGH`` x ``LOW..HIGH``
+    counted by ``split_of`` (about ``SPLITS``' shares of them, as a hash splits them)."""
+    return dict(Counter(split_of(f"{a}*{b}") for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)))
+
+
 def make_tiny_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """``n`` distinct arithmetic tasks of one split, drawn from ``seed``.
 
     Each task's prompt is [system, user]; ``answer`` is the exact integer as text;
     ``metadata`` holds the ``expression`` a calculator needs ("47*86").
-    A split holds about ``SPLITS[split] * 68**2`` distinct problems (~460 for validation).
+    A split holds ``split_sizes()[split]`` distinct problems; asking for more is refused.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
-    if n > 0.9 * SPLITS[split] * (HIGH - LOW + 1) ** 2:
-        raise ValueError(f"asked for {n} {split} tasks; the split has only about {SPLITS[split] * (HIGH - LOW + 1) ** 2:.0f}")
+    if n > split_sizes()[split]:
+        raise ValueError(f"asked for {n} {split} tasks; the split has only {split_sizes()[split]}")
     rng = random.Random(f"tiny-{seed}-{split}")
     tasks, seen = [], set()
     while len(tasks) < n:
@@ -71,8 +82,6 @@ def tiny_dataset(split: str, n: int | None, seed: int) -> list[Task]:
 
 def calculator_tools() -> list[dict]:
     """The calculator's JSON schema, from the environment that runs it (as TRL renders it)."""
-    from helpers.envs import CalculatorEnv, tool_schemas
-
     return tool_schemas(CalculatorEnv())
 
 
@@ -82,8 +91,6 @@ def demonstration(task: Task, use_tool: bool) -> list[dict]:
     Direct answers are the true answer: the model is taught to try, and fails,
     because it cannot multiply two-digit numbers in its head.
     """
-    from helpers.formats import format_tool_call
-
     final = {"role": "assistant", "content": f"<answer>{task.answer}</answer>"}
     if not use_tool:
         return task.prompt + [final]

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from helpers.data import DatasetError
 from helpers.envs.registry import register_env
-from helpers.evaluation import Benchmark, register_benchmark
+from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.rewards import env_reward, register_reward
 from helpers.worlds.bfcl import official
 from helpers.worlds.bfcl.tasks import SUPPORTED, category_of, is_multi_turn, load_category, parse_member, tool_call_text

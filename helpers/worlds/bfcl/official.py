@@ -12,7 +12,7 @@ rewritten here they would no longer be BFCL's checker. So the workbook installs 
 into a venv of its own and runs BFCL's functions there (``worker.py``, one long-lived process per
 workbook process, one JSON line per request).
 
-What the venv gets (measured on 2 shared cores: about 70 s and 550 MB): ``bfcl-eval==VERSION`` with
+What the venv gets (about half a gigabyte, built once): ``bfcl-eval==VERSION`` with
 ``--no-deps``, then ``REQUIREMENTS``: bfcl-eval's own requirements with its own version specifiers,
 less the ones only model inference, the memory categories and web search import
 (sentence-transformers, which pulls in torch, faiss-cpu, rank_bm25, google-search-results,

@@ -25,6 +25,7 @@ own beyond the glue:
 import atexit
 import copy
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -109,8 +110,6 @@ def release(key):
 
 
 def signatures():
-    import importlib
-
     found = {}
     for class_name, module_name in CLASS_FILE_PATH_MAPPING.items():
         try:

@@ -23,7 +23,7 @@ import re
 
 from helpers.data import Task
 from helpers.envs.registry import register_env
-from helpers.evaluation import Benchmark, register_benchmark
+from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.worlds.gaia.scorer import question_scorer
 
 _FINAL = re.compile(r"FINAL ANSWER:", re.IGNORECASE)

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import os
 
+from huggingface_hub import get_token
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
 from helpers.data import DatasetError, Task, register_dataset, register_dataset_family
 
 HUB_ID = "gaia-benchmark/GAIA"
@@ -72,8 +75,6 @@ def gaia_task(row: dict, where: str) -> Task:
 
 def hub_token() -> str | None:
     """The user's hub token (HF_TOKEN, or the one ``huggingface-cli login`` saved), or None."""
-    from huggingface_hub import get_token
-
     return get_token()
 
 
@@ -84,8 +85,7 @@ def load_gaia(config: str = "2023_all", split: str = "validation", source: str |
     folder with a copy of its repository; both are read by the same ``datasets.load_dataset`` call.
     From the hub, a missing token or a token without access is a ``GatedDatasetError`` (``ACCESS_STEPS``).
     """
-    import datasets
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    import datasets  # heavy to import: only a reader who asks for GAIA's questions pays for it
 
     source = source or os.environ.get("GAIA_DATASET") or HUB_ID
     if config not in CONFIGS:

@@ -19,19 +19,23 @@ equilibrium: 0), so there is room to improve; the best response to it (bet every
 fixed-opponent learner drifts toward) is itself very exploitable; and it mixes at every state, so
 sampling tries every move. Because its play depends on the history, the model that imitates it
 reads the moves so far, not only its card (a demonstrator that played by card alone gave a warm
-start whose 12 states collapsed to 3, and RL from it never separated them: LOG.md). The SFT model
+start whose 12 states collapsed to 3, and RL from it never separated them). The SFT model
 imitates the mixture: hands of the demonstrator against itself, each seat's conversation one
 example (``game.conversation`` + its replies).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import time
 from pathlib import Path
 
+import torch
+
 from helpers.paths import ROOT
+from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.games.game import DEALS, MOVES, Match, conversation, information_states, reply_for
 from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
 from helpers.worlds.tinymodel import load_tiny, new_model, save_tiny, start_build, train_tokenizer
@@ -80,10 +84,6 @@ def demonstrations(hands: int, seed: int) -> list[list[dict]]:
 def build(out: str | Path = GAMES_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the warm start from the seed: tokenizer, SFT on the demonstrations, save to ``out``,
     measure it (``baseline``), write ``out/baseline.json``; return the baseline."""
-    import torch
-
-    from helpers.sft import encode_conversations, train_sft
-
     recipe, started, cpu_started, threads = start_build(BUILD, overrides)
     conversations = demonstrations(recipe["hands"], recipe["seed"])
     tokenizer = train_tokenizer(conversations, None, vocab_size=recipe["vocab_size"])
@@ -117,8 +117,6 @@ def compare(run_dirs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.games", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "baseline", "compare"],
                         help="build: rebuild data/tiny-games; baseline: measure it; compare: head to head of run folders")

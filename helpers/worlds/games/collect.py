@@ -26,9 +26,16 @@ import random
 import time
 from dataclasses import dataclass
 
+import torch
+
 from helpers.config import TrainConfig
 from helpers.data import Task
+from helpers.evaluation import episode_stats
+from helpers.grpo import Advantages
 from helpers.loop import Collected, register_collector, step_seed
+from helpers.policy import SamplingParams
+from helpers.rewards import reward_report
+from helpers.rollout import rollout
 from helpers.worlds.games.env import MoveEnv
 from helpers.worlds.games.game import DEALS, GAME, MOVES, Match, conversation
 from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
@@ -76,10 +83,6 @@ def rae_advantages(chips, seats, baselines: dict[str, float] | None):
     >>> rae_advantages([1.0, -1.0, 2.0], [0, 1, 1], {"kuhn_poker/seat0": -0.1, "kuhn_poker/seat1": 0.1}).advantages.flatten()
     tensor([ 1.1000, -1.1000,  1.9000])
     """
-    import torch
-
-    from helpers.grpo import Advantages
-
     R = torch.tensor(chips, dtype=torch.float32)  # (N,)
     b = torch.tensor([(baselines or {}).get(f"{GAME}/seat{s}", 0.0) for s in seats], dtype=torch.float32)  # (N,)
     A = (R - b).unsqueeze(1)  # (N, 1): each move is its own "group" of one
@@ -114,9 +117,6 @@ def play_hands(policy, config: GameConfig, step: int, opponent_table: dict | Non
     """Play a step's hands. ``opponent_table`` None: self-play, ``hands_per_step`` hands, both seats the policy;
     else ``2 * hands_per_step`` hands, the policy in seat 0 of even hands and seat 1 of odd ones, the table's
     moves (sampled) in the other seat. Each round, every hand waiting for the policy moves in one batched rollout."""
-    from helpers.policy import SamplingParams
-    from helpers.rollout import rollout
-
     rng = random.Random(step_seed(config.seed, step))
     n = config.hands_per_step * (1 if opponent_table is None else 2)
     matches = [Match(DEALS[rng.randrange(len(DEALS))]) for _ in range(n)]
@@ -209,9 +209,6 @@ class GameCollector:
         return move_table(self.policy.model, self.policy.tokenizer)
 
     def __call__(self, step: int) -> Collected:
-        from helpers.evaluation import episode_stats
-        from helpers.rewards import reward_report
-
         c = self.config
         t0 = time.perf_counter()
         table = self.table()  # the policy that plays this step's hands

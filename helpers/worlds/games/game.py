@@ -111,7 +111,7 @@ def conversation(key: str) -> list[dict]:
 
 def information_states() -> list[str]:
     """The 12 information states, player 1's first (``['0', '0pb', '1', '1pb', ...]``): OpenSpiel's order."""
-    from open_spiel.python.policy import TabularPolicy
+    from open_spiel.python.policy import TabularPolicy  # OpenSpiel is an optional extra (load_game)
 
     return list(TabularPolicy(load_game()).state_lookup)
 

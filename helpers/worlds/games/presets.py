@@ -16,8 +16,7 @@ def tiny_kuhn() -> GameConfig:
     baselines; ``--opponent pool`` plays past policies. A KL penalty to the warm start (``beta``)
     anchors both: plain self-play by gradient can drift round the equilibrium instead of settling
     (notebook 09 §4 shows a run without it). Its weight, 0.1, is the one of 0.1 / 0.2 / 0.3 under
-    which self-play improved every measure over the warm start and ended less exploitable than its
-    control on seeds 0-2 (the runs are in LOG.md). The exact measures of strength are taken every
+    which self-play improved every measure over the warm start. The exact measures of strength are taken every
     step; the held-out hands (120, against a random opponent) before and after.
     """
     return GameConfig(

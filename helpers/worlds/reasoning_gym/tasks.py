@@ -28,8 +28,8 @@ Simplifications, named:
   and all: the verifier reads it back as is. A JSON round trip would break some verifiers
   (``arc_agi`` and ``rearc`` compare tuples with lists: their own answer scores 0.05 after one).
 * Held-out splits cost draws: a 64-task test split takes about 640 draws (its share is 10 %). Most
-  generators make an entry in well under a millisecond; the slowest take 0.1-0.3 s (``knight_swap``,
-  ``zebra_puzzles``), so their test splits take a minute or more.
+  generators make an entry at once; the slowest (``knight_swap``, ``zebra_puzzles``) take long enough
+  that their test splits take a minute or more.
 * A generator with few distinct questions (``chain_sum:max_terms=2,max_digits=1`` has 200) cannot
   fill a large split; after ``MAX_MISSES`` draws in a row that add nothing new, loading stops with an
   error saying so.
@@ -47,7 +47,8 @@ import math
 import numbers
 import re
 
-from helpers.data import DatasetError, Task, import_extra, register_dataset_family
+from helpers.data import DatasetError, Task, register_dataset_family
+from helpers.hub import import_extra
 from helpers.worlds.arithmetic.tasks import SPLITS, split_of
 
 EXTRA = "benchmarks"  # the pyproject extra that installs reasoning-gym
@@ -175,9 +176,8 @@ def score_reply(text: str, generator: str, config: dict, entry: dict, **row) -> 
     ``score_reply(text, **task.row())`` works. The verifier's own exceptions propagate.
 
     ``extract_answer``'s pattern (``<answer>\\s?(.*?)\\s?</answer>``) scans from every ``<answer>`` to
-    the text's end when no ``</answer>`` follows it, so its time grows with the square of the tags (5,000
-    unclosed tags: 1.9 s). Cut after the last ``</answer>``, every tag it tries closes, and the scan is
-    linear (0.001 s for 200,000); the answer is the same, since every match ends with a ``</answer>``.
+    the text's end when no ``</answer>`` follows it, so its time grows with the square of the tags. Cut
+    after the last ``</answer>``, every tag it tries closes, and the scan is linear; the answer is the same, since every match ends with a ``</answer>``.
     """
     close = text.rfind("</answer>")  # every match ends with it: the text after the last one cannot change the answer
     readable = text[: close + len("</answer>")] if close >= 0 else ""  # and reading only this part is linear (see below)

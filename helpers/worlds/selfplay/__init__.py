@@ -41,7 +41,6 @@ loss averages over tokens (dapo), and the proposer's 16 replies of ~18 tokens ar
 cent of a batch next to the solver's 128 episodes, so at weight 1 the solver's tokens drown
 its signal. The adapter is shared, so the solver's own step stays small (lr 1e-3, and
 ``beta`` = 0.1 of KL to the warm start): larger steps made the greedy held-out success fall.
-What each setting measured, and why greedy held-out success hardly moves, is in LOG.md ("self-play").
 
 Why a penalty for invalid tasks and not just 0: once most valid tasks are trivial (paid 0),
 an invalid one paid 0 is exactly as good, and nothing keeps the proposer in the grammar.

@@ -10,12 +10,20 @@ level that pays.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import time
 from pathlib import Path
 
+import torch
+
+from helpers.evaluation import evaluate
 from helpers.paths import ROOT, TINY_DIR
+from helpers.policy.base import SamplingParams
+from helpers.policy.hf import HFPolicy
+from helpers.rollout import rollout
+from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.arithmetic.tasks import calculator_tools, demonstration, split_of
 from helpers.worlds.selfplay.env import ProposerEnv, difficulty, proposer_task
 from helpers.worlds.selfplay.tasks import (
@@ -57,10 +65,6 @@ def demonstrations(recipe: dict) -> tuple[list[list[dict]], list[list[dict]]]:
 
 def build(out: str | Path = SELFPLAY_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild data/tiny-selfplay from data/tiny and the seed: SFT on both roles, save, measure."""
-    import torch
-
-    from helpers.sft import encode_conversations, train_sft
-
     recipe, started, cpu_started, threads = start_build(BUILD, overrides)  # one seeded thread: BUILD sets no "threads"
     model, tokenizer = load_tiny(TINY_DIR)  # the one-call world's model and tokenizer (byte level: the proposer's text encodes)
     solver, proposer = demonstrations(recipe)
@@ -87,11 +91,6 @@ def success_by_difficulty(records: list[dict]) -> dict[int, float]:
 def baseline(model, tokenizer, proposals: int = 64) -> dict:
     """The warm start, measured: greedy held-out success (overall and by difficulty) and, at T = 1,
     the share of valid proposals and their mean difficulty."""
-    from helpers.evaluation import evaluate
-    from helpers.policy.base import SamplingParams
-    from helpers.policy.hf import HFPolicy
-    from helpers.rollout import rollout
-
     policy = HFPolicy(model, tokenizer)
     held_out = evaluate(policy, selfplay_dataset("test", None, 0), "calculator", max_new_tokens=48, max_steps=4, max_total_tokens=192)
     proposed = rollout([proposer_task()], ProposerEnv, policy, group_size=proposals, progress=False,
@@ -103,8 +102,6 @@ def baseline(model, tokenizer, proposals: int = 64) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
 
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.selfplay", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "baseline"], help="build: rebuild data/tiny-selfplay; baseline: measure it "

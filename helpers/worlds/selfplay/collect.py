@@ -14,8 +14,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from helpers.config import TrainConfig
+from helpers.evaluation import episode_stats
+from helpers.grpo import Advantages, group_advantages, group_rewards
 from helpers.loop import Collected, register_collector, step_seed
+from helpers.policy import SamplingParams
+from helpers.rewards import reward_report, score_trajectories
+from helpers.rollout import rollout
 from helpers.worlds.selfplay.env import ProposerEnv, proposer_task
 from helpers.worlds.selfplay.tasks import solver_task
 
@@ -32,8 +39,6 @@ def learnability(solver_rewards):
     >>> learnability(torch.tensor([[1., 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]))
     tensor([0.0000, 0.2500, 0.7500, 0.0000])
     """
-    import torch
-
     p = solver_rewards.float().mean(dim=1)  # (V,)
     return torch.where((p > 0) & (p < 1), 1 - p, torch.zeros_like(p))  # (V,)
 
@@ -48,10 +53,6 @@ def role_advantages(proposer_rewards, solver_rewards, scale_rewards: str = "grou
                       replies are a few tokens, the solver's many, and the loss averages over tokens)
     returns:          ``Advantages`` of shape (K + V, G)
     """
-    import torch
-
-    from helpers.grpo import Advantages, group_advantages
-
     proposer = group_advantages(proposer_rewards, scale_rewards)  # (K, G)
     proposer = Advantages(proposer.advantages * proposer_weight, proposer.zero_spread)
     if solver_rewards.size(0) == 0:
@@ -91,9 +92,6 @@ class Round:
 
     def metrics(self) -> dict:
         """The round's numbers: the solver's under the main loop's names, the proposer's under ``proposer/``."""
-        from helpers.evaluation import episode_stats
-        from helpers.rewards import reward_report
-
         valid = [t for t in self.proposals if t.info.get("valid")]
         solve_rates = [t.info["solve_rate"] for t in valid]
         out = {
@@ -126,13 +124,6 @@ def play_round(policy, make_solver_env, reward, config: SelfPlayConfig, step: in
 
     Taught in notebooks/09_self_play.ipynb §6.
     """
-    import torch
-
-    from helpers.grpo import group_rewards
-    from helpers.policy import SamplingParams
-    from helpers.rewards import score_trajectories
-    from helpers.rollout import rollout
-
     G, seed = config.num_generations, step_seed(config.seed, step)
     propose = SamplingParams(config.max_proposal_tokens, config.proposer_temperature, config.top_p, seed=seed)
     solve = SamplingParams(config.max_new_tokens, config.temperature, config.top_p, seed=seed + 500_000)

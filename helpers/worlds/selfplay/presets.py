@@ -20,7 +20,7 @@ def tiny_selfplay():
         invalid_reward=-0.5,
         proposer_temperature=1.0,
         # The proposer's 16 replies of ~18 tokens are a few % of a batch's tokens (dapo averages over tokens): x10 at
-        # lr 1e-3 gives it about the step of lr 1e-2, while the solver, which shares the adapter, moves at 1e-3 (LOG.md).
+        # lr 1e-3 gives it about the step of lr 1e-2, while the solver, which shares the adapter, moves at 1e-3.
         proposer_weight=10.0,
     )
 
@@ -34,7 +34,7 @@ def tiny_selfplay_fixed() -> TrainConfig:
         device="cpu",
         dataset="selfplay",  # test: the fixed held-out set; train: 2,000 tasks (the fixed run only)
         env="calculator",
-        lr=1e-3,  # small steps anchored to the warm start: at tiny-cpu's 5e-3 greedy held-out success fell (LOG.md)
+        lr=1e-3,  # small steps anchored to the warm start: at tiny-cpu's 5e-3 greedy held-out success fell
         beta=0.1,  # KL to the warm start in the loss (one more no-grad forward, the adapter switched off)
         lora_r=8,
         lora_alpha=16,

@@ -31,8 +31,7 @@ and fails on most tasks, and sampling finds the right plan often enough for GRPO
 from the outcome alone (``rewards={"correct": 1.0}``, no bonus for tool calls).
 
 The warm start succeeds on about a quarter of the held-out tasks (``data/tiny-agent/baseline.json``);
-GRPO on the outcome alone teaches it the plan (README, notebook 06). What was measured on the
-way, the rebuilds tried and the item the policy still confuses, is in LOG.md ("shop world").
+GRPO on the outcome alone teaches it the plan (notebook 06).
 
 The world's files:
 
@@ -50,15 +49,11 @@ Simplifications, named:
 * One question shape (quantities 2-9, prices 10-99, a three-digit bill), so every canonical
   episode has the same length in tokens.
 * ``usual()`` takes no argument: it knows who is asking, as a real API knows the logged-in
-  user. An earlier version named the customer in the question (``{"customer": "Ann"}``) and
-  the first call had to copy the name: with 24 names, earlier builds copied it right on
-  0.43-0.95 of held-out tasks, and a 750-step build wrote one name ("Kim") for almost every
-  customer; with 96 names, names were still miscopied after 1,500 SFT steps.
+  user (a customer's name to copy into the first call was more than the tiny model learnt to copy).
 * Why a chain and not "3 pens and 2 cups" (two lookups, then one sum): every value the
   agent copies here comes from the tool result just before it (or the question), which a
   small transformer learns to copy; copying the *second-to-last* result, or picking the
-  *second* item off a question, is what a ~0.8M-parameter model failed to learn in a
-  10-minute SFT budget (an earlier version of this world: 0.00 held-out success).
+  *second* item off a question, is what the tiny model did not learn in a short SFT.
 * The split is by what decides the answer (quantity, item, price), not by the question's
   text, which is the same for every task with the same quantity.
 * The model starts from the one-call world's weights (``warm_start``), as a real agent

@@ -1,28 +1,33 @@
 """The shop world's warm start: a sloppy demonstrator, SFT from the one-call model, the baseline.
 
-    python -m helpers.worlds.shop build       # rebuild data/tiny-agent/ from the seed (~8 min on 2 cores)
+    python -m helpers.worlds.shop build       # rebuild data/tiny-agent/ from the seed (minutes on a CPU)
     python -m helpers.worlds.shop baseline    # held-out success at T=1 (--temperature 0: greedy), failures by kind
 
-The demonstrator has habits keyed on the item the customer buys (``HABITS``): for 9 items in
-12, most of the time, it guesses the price instead of looking it up, stops at the unit price,
-or asks ``lookup`` (not the calculator) for the bill; and now and then, for any item, it makes
-one of those slips (``SLIP_RATE``). The SFT model imitates the mixture: greedy decoding follows
-the habits, and sampling finds the right plan often enough for GRPO to learn from the outcome.
-Rebuilds with other habits, measured, are in LOG.md ("Shop world").
+The demonstrator's habits (``HABITS``, ``SLIP_RATE``) and why the warm start is weak on purpose:
+the world's docstring, ``helpers.worlds.shop``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import time
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 from helpers.data import Task
 from helpers.envs import Episode, tool_schemas
+from helpers.envs.base import TRUNCATED
 from helpers.formats import format_tool_call, parse_tool_calls
 from helpers.paths import ROOT
+from helpers.policy.base import SamplingParams
+from helpers.policy.hf import HFPolicy
+from helpers.rewards import outcome
+from helpers.rollout import rollout
+from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.shop.env import ShopEnv
 from helpers.worlds.shop.tasks import BILLS, EPISODE, PRICES, make_agent_tasks
 from helpers.worlds.tinymodel import (
@@ -110,9 +115,6 @@ def failure_kind(trajectory) -> str:
     skipped_lookup  the calculator ran before any price was looked up (the price was guessed)
     copy_error      the plan was followed, still wrong: a value (item, price, bill) was copied wrongly
     """
-    from helpers.envs.base import TRUNCATED
-    from helpers.rewards import outcome
-
     if outcome(trajectory).get("correct"):
         return "correct"
     if trajectory.stop_reason in TRUNCATED:
@@ -147,10 +149,6 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
 def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the tiny agent from the seed: tokenizer, SFT on the sloppy demonstrations,
     save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
-    import torch
-
-    from helpers.sft import encode_conversations, train_sft
-
     recipe, started, cpu_started, threads = start_build(BUILD, overrides)
     tasks = make_agent_tasks(recipe["train_tasks"], recipe["seed"], "train")
     rng = random.Random(recipe["seed"])
@@ -190,10 +188,6 @@ def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, spli
     Returns ``success``, ``tool_calls_per_success`` (mean tool calls of the correct episodes)
     and ``failures``: episodes by ``failure_kind``.
     """
-    from helpers.policy.base import SamplingParams
-    from helpers.policy.hf import HFPolicy
-    from helpers.rollout import rollout
-
     tasks = make_agent_tasks(n, seed, split)
     sampling = SamplingParams(max_new_tokens=EPISODE["max_new_tokens"], temperature=temperature, seed=seed)
     episodes = rollout(tasks, "shop", HFPolicy(model, tokenizer), group_size=1, sampling=sampling, progress=False,
@@ -208,8 +202,6 @@ def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, spli
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.shop", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "baseline"], help="build: rebuild data/tiny-agent from the seed; baseline: measure it")
     parser.add_argument("--out", default=str(AGENT_DIR), help="folder to write (build) or read (baseline)")

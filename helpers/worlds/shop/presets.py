@@ -16,18 +16,17 @@ def tiny_agent() -> TrainConfig:
     The SFT warm start (data/tiny-agent) is a weak agent that follows its demonstrator's
     habits (guess the price, stop at the unit price, ask lookup for the bill). The reward is
     the outcome alone, no bonus for calling tools: GRPO has to find out that the whole chain
-    is what pays. What it reaches on three seeds is in the README; the settings tried on the way
-    are in LOG.md ("Shop world").
+    is what pays. Taught in notebooks/06_training_loop.ipynb.
     """
     return replace(  # the one-call world's run (tiny_cpu), on the shop world's model, data and env
         tiny_cpu(),
         model="data/tiny-agent",
-        backend="engine",  # helpers.policy.engine: HFPolicy's tokens and log-probs, ~3.4x faster rollouts here (README)
+        backend="engine",  # helpers.policy.engine: HFPolicy's tokens and log-probs, faster rollouts
         dataset="tiny-agent",
         env="shop",  # helpers.worlds.shop.env: usual(), lookup(item), calculator(expression)
         env_max_steps=5,  # the plan takes 4 turns (usual, lookup, calculator, answer); one to spare
-        steps=20,  # the lr decays linearly to 0 over these steps; 30 were no better greedy, 108 s vs 89 s (LOG.md)
-        tasks_per_step=12,  # 96 episodes per step: sampled success is what needs the compute (LOG.md)
+        steps=20,  # the lr decays linearly to 0 over these steps
+        tasks_per_step=12,  # 96 episodes per step: sampled success is what needs the compute
         num_iterations=2,  # TRL's mu: 2 optimizer steps per batch of rollouts; the second is off-policy, so PPO's clip acts
         max_new_tokens=40,  # one turn: the longest (the calculator call) is ~22 tokens
         max_total_tokens=320,  # the 4-turn episode is ~170 tokens; error messages are longer
