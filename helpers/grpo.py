@@ -663,7 +663,11 @@ class LoRAGRPO:
                 model = get_peft_model(model, lora_config(config))
         self.model = model.to(self.device)
         if config.gradient_checkpointing:  # recompute each layer's activations in backward: less memory, more compute
-            self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base = self.model.get_base_model()
+            if hasattr(base, "activation_checkpointing_enable"):  # newer transformers (5.25 has it and warns on the old name)
+                base.activation_checkpointing_enable({"use_reentrant": False})
+            else:  # transformers 5.19 (what the CPU build of vLLM pins) has only the old name
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # bf16 autocast on a GPU that has it; float32 elsewhere (CPU autocast is slow and not needed for a tiny model)
         self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # the adapter, nothing else
