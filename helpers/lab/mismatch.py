@@ -49,7 +49,7 @@ import helpers.worlds  # noqa: F401  registers the worlds' presets, datasets and
 from helpers.config import TrainConfig, get_preset
 from helpers.ecosystem.trl_bridge import completion_aligned, trl_trainer
 from helpers.floats import flush_denormals
-from helpers.grpo import (IS_MODES, Batch, LoRAGRPO, collate, compute_advantages, group_advantages, group_rewards,
+from helpers.grpo import (Batch, LoRAGRPO, collate, compute_advantages, group_advantages, group_rewards,
                           group_trajectories, grpo_loss, importance_sampling_metrics, importance_sampling_ratio,
                           token_logprobs)
 from helpers.loop import COLLECTORS, env_factory, seed_everything, step_seed
@@ -231,8 +231,7 @@ def compare_is_with_trl(trainer: LoRAGRPO, tokenizer, trajectories, mode: str = 
        both losses get our reference log-probs (as in ``compare_with_trl``): what is compared is where
        the weights enter the loss, not the reference forward pass.
     """
-    if mode not in IS_MODES:
-        raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
+    # TrainConfig refuses a mode outside IS_MODES (a ConfigError, a ValueError) when replace makes the config
     cfg = replace(trainer.config, backend="vllm", vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode,
                   vllm_importance_sampling_clip_min=clip_min, vllm_importance_sampling_clip_max=clip_max, grad_accum=1)
     ours = LoRAGRPO(trainer.model, cfg, max_completion_length=trainer.max_completion_length)  # already peft: the same adapter
