@@ -60,6 +60,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.checkpoint import read_checkpoint, write_checkpoint
 from helpers.config import IS_MODES, TrainConfig  # noqa: F401  (IS_MODES: the modes of section 3b, for its callers)
+from helpers.envs.anchors import Anchor, anchor_for, tool_history
 from helpers.envs.base import TRUNCATED
 from helpers.policy import quiet_peft
 from helpers.rollout import Trajectory
@@ -164,9 +165,12 @@ def group_rewards(trajectories) -> torch.Tensor:
 # balance: it only separates different actions from one state. And with gamma < 1 the first turn's
 # step group (the whole group, from the prompt) prefers the shorter of two successes.
 #
-# The anchor state is the conversation so far as tokens: everything before the turn's first
-# generated token (``prefix_anchor``; a world may pass its own ``anchor``, e.g. the env's state).
-# Two turns share a step group only when their whole histories match token for token.
+# The anchor state is the *environment's* state before the turn, as the world defines it
+# (``helpers.envs.anchors``): by default the tool calls so far in canonical form with their results,
+# so two episodes that made the same calls in other words (spacing, key order, another tokenisation)
+# share a step group; a world with a smaller state (the trail: the room and the turns left) groups
+# every turn taken from that state, however the episode got there. ``compute_advantages`` passes the
+# config's env's anchor; the conversation's tokens would split a group on any difference in wording.
 #
 # Named simplifications, against verl-agent's gigpo/core_gigpo.py (the reference implementation):
 # - the reward comes once, at the end (the outcome reward; the env's step rewards are not used),
@@ -174,6 +178,8 @@ def group_rewards(trajectories) -> torch.Tensor:
 # - the episode level is GRPO's ``group_advantages`` over episodes (the paper's Eq. 3); verl-agent's
 #   default computes its mean and std over the group's *turns* (each episode counted K times);
 # - exact matching only (verl-agent can also cluster similar text observations);
+# - the discount counts turns (K_i - 1 - k), as verl-agent's; a step that does not change the state
+#   (an error message, a locked door) is a turn like any other.
 # - ``scale_rewards="batch"`` has no step-level meaning here and is refused.
 
 
@@ -189,9 +195,13 @@ def turn_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def prefix_anchor(traj: Trajectory, start: int) -> tuple[int, ...]:
-    """The default anchor state of a turn: the episode's tokens before the turn's first generated token."""
-    return tuple(traj.token_ids[:start])
+def history_before(traj: Trajectory, turn: int) -> list[dict]:
+    """The messages of an episode before its ``turn``-th assistant turn (0-based): what an anchor reads."""
+    starts = [i for i, m in enumerate(traj.messages) if m["role"] == "assistant"]
+    if turn >= len(starts):
+        raise ValueError(f"episode {traj.task_id}#{traj.group} has {len(starts)} assistant messages but turn {turn}: "
+                         "an anchor reads the episode's messages (Trajectory.messages)")
+    return traj.messages[: starts[turn]]
 
 
 def turn_returns(traj: Trajectory, gamma: float) -> list[float]:
@@ -206,7 +216,7 @@ class StepGroup:
 
     row: int  # the task's row b in the (B, G) advantages
     task_id: str
-    turn: int  # the turn index of its first member (with the default, full-history anchor: of every member)
+    turn: int  # the turn index of its first member (others may reach the state sooner or later)
     members: list[tuple[int, int]]  # (sample g, turn k) of each member
     returns: list[float]  # each member's discounted return
 
@@ -224,16 +234,17 @@ class StepGroup:
         return step / (returns.std() + eps) if scale_rewards == "group" else step
 
 
-def step_groups(trajectories, gamma: float, anchor=prefix_anchor) -> list[StepGroup]:
+def step_groups(trajectories, gamma: float, anchor: Anchor = tool_history) -> list[StepGroup]:
     """Every step group of a scored batch, task by task (``group_trajectories``' order), in order of
-    first appearance. ``anchor(traj, start) -> hashable``: the state a turn starts from."""
+    first appearance. ``anchor(history) -> hashable``: the env's state after the messages ``history``
+    (``helpers.envs.anchors``; ``anchor_for(env)`` is what the env registered)."""
     out = []
     for b, group in enumerate(group_trajectories(trajectories)):
         found: dict = {}
         for g, traj in enumerate(group):
             returns = turn_returns(traj, gamma)
-            for k, (start, _) in enumerate(turn_spans(traj.mask)):
-                key = anchor(traj, start)
+            for k in range(len(returns)):
+                key = anchor(history_before(traj, k))
                 if key not in found:
                     found[key] = StepGroup(b, traj.task_id, k, [], [])
                 found[key].members.append((g, k))
@@ -243,7 +254,7 @@ def step_groups(trajectories, gamma: float, anchor=prefix_anchor) -> list[StepGr
 
 
 def gigpo_advantages(trajectories, gamma: float = 0.95, step_advantage_w: float = 1.0, scale_rewards: str = "group",
-                     eps: float = 1e-4, anchor=prefix_anchor) -> Advantages:
+                     eps: float = 1e-4, anchor: Anchor = tool_history) -> Advantages:
     """GiGPO's advantages: GRPO's episode advantage plus omega times the step-group advantage, per turn.
 
     trajectories: scored, G per task (as ``group_advantages``). Returns ``Advantages`` with the episode
@@ -283,9 +294,11 @@ def step_group_metrics(groups: list[StepGroup]) -> dict[str, float]:
 
 
 def compute_advantages(trajectories, config: TrainConfig) -> Advantages:
-    """The config's advantage (``config.advantage``) on scored trajectories: GRPO's per episode, or GiGPO's per turn."""
+    """The config's advantage (``config.advantage``) on scored trajectories: GRPO's per episode, or GiGPO's per turn,
+    with the step groups keyed on the state the config's env says it is in (``anchor_for(config.env)``)."""
     if config.advantage == "gigpo":
-        return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards)
+        return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards,
+                                anchor=anchor_for(config.env))
     return group_advantages(group_rewards(trajectories), config.scale_rewards)
 
 

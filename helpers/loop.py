@@ -81,7 +81,7 @@ from helpers.checkpoint import (EVAL_DIR, TRAJECTORY_DIR, clear_run_dir, resumab
                                 save_checkpoint)
 from helpers.config import ConfigError, TrainConfig
 from helpers.data import TaskSampler, load_dataset, write_jsonl
-from helpers.envs import make_env
+from helpers.envs import anchor_for, make_env
 from helpers.evaluation import episode_stats, evaluate, save_records
 from helpers.floats import flush_denormals
 from helpers.grpo import LoRAGRPO, collate, compute_advantages, step_group_metrics, step_groups
@@ -193,7 +193,7 @@ class GroupCollector:
         score_trajectories(trajs, self.reward)
         advantages = compute_advantages(trajs, c)  # (B, G): the group is its own baseline (gigpo: and per turn, its step groups)
         metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s,
-                   **step_group_metrics(step_groups(trajs, c.gamma))}  # what GiGPO's step groups offer, whichever advantage
+                   **step_group_metrics(step_groups(trajs, c.gamma, anchor_for(c.env)))}  # what GiGPO's step groups offer, whichever advantage
         return Collected(trajs, advantages, metrics, time.perf_counter() - t0)
 
     def state_dict(self) -> dict:

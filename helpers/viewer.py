@@ -25,6 +25,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
+from helpers.envs.anchors import Anchor, tool_history
 from helpers.grpo import group_advantages, group_rewards, group_trajectories, step_groups, turn_spans
 from helpers.live import in_notebook
 from helpers.rewards import reward_name, score_trajectories
@@ -172,14 +173,14 @@ def advantage_table(trajs: list[Trajectory], scale_rewards: str = "group", max_g
 
 
 def step_group_table(trajs: list[Trajectory], gamma: float, scale_rewards: str = "group", max_groups: int | None = None,
-                     nontrivial_only: bool = True) -> str:
+                     nontrivial_only: bool = True, anchor: Anchor = tool_history) -> str:
     """One line per step group of the first ``max_groups`` tasks: its members (sample:turn), their returns
     and their step advantages A_S (before the weight omega); only the non-trivial ones by default.
 
     Taught in notebooks/06b_turn_credit.ipynb.
     """
     tasks = group_trajectories(trajs)[:max_groups]
-    shown = [sg for sg in step_groups([t for g in tasks for t in g], gamma) if sg.nontrivial or not nontrivial_only]
+    shown = [sg for sg in step_groups([t for g in tasks for t in g], gamma, anchor) if sg.nontrivial or not nontrivial_only]
     width = max([len("task"), *(len(sg.task_id) for sg in shown)])
     lines = [f"{'task':<{width}}  turn  members (sample:turn -> return, A_S)"]
     for sg in shown:

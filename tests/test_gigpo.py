@@ -11,8 +11,10 @@ import torch
 
 from helpers.config import TrainConfig, get_preset
 from helpers.data import Task
+from helpers.envs.anchors import anchor_for, canonical_calls, register_anchor, tool_history
+from helpers.formats import format_tool_call
 from helpers.grpo import (
-    LoRAGRPO, collate, compute_advantages, gigpo_advantages, group_advantages, group_rewards, grpo_loss,
+    LoRAGRPO, collate, compute_advantages, gigpo_advantages, group_advantages, group_rewards, grpo_loss, history_before,
     step_group_metrics, step_groups, turn_returns, turn_spans,
 )
 from helpers.live import LiveCurves
@@ -23,16 +25,19 @@ PROMPT = [5, 6, 7]
 
 
 def episode(g: int, turns: list[list[int]], observations: list[list[int]], reward: float, task: Task) -> Trajectory:
-    """An episode built by hand: the prompt, then each turn's generated tokens (mask 1) followed by its tool result (mask 0)."""
-    ids, mask = list(PROMPT), [0] * len(PROMPT)
+    """An episode built by hand: the prompt, then each turn's generated tokens (mask 1) followed by its tool result
+    (mask 0). Its messages spell each turn and result as its tokens, so equal tokens are an equal state."""
+    ids, mask, messages = list(PROMPT), [0] * len(PROMPT), [{"role": "user", "content": "prompt"}]
     for k, turn in enumerate(turns):
         ids += turn
         mask += [1] * len(turn)
+        messages.append({"role": "assistant", "content": f"tokens {turn}"})
         if k < len(observations):
             ids += observations[k]
             mask += [0] * len(observations[k])
+            messages.append({"role": "tool", "content": f"tokens {observations[k]}"})
     return Trajectory(task=task, group=g, token_ids=ids, mask=mask, logprobs=[0.0] * len(ids), prompt_len=len(PROMPT),
-                      reward=reward, turns=len(turns))
+                      reward=reward, turns=len(turns), messages=messages)
 
 
 def worked_example() -> list[Trajectory]:
@@ -92,6 +97,63 @@ def test_gigpo_advantages_by_hand():
     want_1 = [e[1] + 0.5 * (-1 / 24) / (std_0 + eps), e[1] + 0.5 * (-0.125) / (std_1 + eps), e[1] + 0.5 * (-0.25) / (std_2 + eps)]
     torch.testing.assert_close(adv.turn_advantages[0][1], torch.tensor(want_1))
     torch.testing.assert_close(adv.turn_advantages[0][0][3], torch.tensor(e[0]))  # alone: the episode's advantage only
+
+
+def shop_episode(g: int, calls: list[str], results: list[str], reward: float, task: Task) -> Trajectory:
+    """A shop episode as text: each call's text (one token per character, mask 1) and each result (mask 0)."""
+    ids, mask, messages = list(PROMPT), [0] * len(PROMPT), [{"role": "user", "content": "What do 3 of my usual items cost?"}]
+    for k, call in enumerate(calls):
+        ids, mask = ids + [ord(c) for c in call], mask + [1] * len(call)
+        messages.append({"role": "assistant", "content": call})
+        if k < len(results):
+            ids, mask = ids + [ord(c) for c in results[k]], mask + [0] * len(results[k])
+            messages.append({"role": "tool", "content": results[k]})
+    return Trajectory(task=task, group=g, token_ids=ids, mask=mask, logprobs=[0.0] * len(ids), prompt_len=len(PROMPT),
+                      reward=reward, turns=len(calls), messages=messages)
+
+
+def test_episodes_that_reach_one_env_state_in_other_words_share_a_step_group():
+    """Two episodes make the same calls with the same results, but one writes its first call with other spacing and
+    key order: the env is in the same state before each later turn, so each later turn is in one step group (the
+    conversation's text, what a token prefix keys on, splits every one of them)."""
+    task = Task(id="order-1", prompt=[])
+    tidy = '<tool_call>\n{"name": "usual", "arguments": {}}\n</tool_call>'
+    loose = '<tool_call>\n{"arguments":{},   "name":"usual"}\n</tool_call>'
+    lookup = format_tool_call("lookup", {"item": "pen"})
+    calc = format_tool_call("calculator", {"expression": "3*47"})
+    results = ['{"item": "pen"}', "47", "141"]
+    trajs = [shop_episode(0, [tidy, lookup, calc, "<answer>141</answer>"], results, 1.0, task),
+             shop_episode(1, [loose, lookup, calc, "<answer>140</answer>"], results, 0.0, task)]
+    groups = step_groups(trajs, gamma=0.9)
+    assert [(sg.turn, sg.members) for sg in groups] == [(0, [(0, 0), (1, 0)]), (1, [(0, 1), (1, 1)]),
+                                                         (2, [(0, 2), (1, 2)]), (3, [(0, 3), (1, 3)])]
+    assert step_group_metrics(groups)["step_groups/later_turns_nontrivial"] == 1.0
+    assert tool_history(history_before(trajs[0], 2)) == tool_history(history_before(trajs[1], 2))
+    verbatim = lambda history: tuple((m["role"], m["content"]) for m in history)  # noqa: E731  (the conversation's text)
+    assert step_group_metrics(step_groups(trajs, 0.9, verbatim))["step_groups/later_turns_nontrivial"] == 0.0
+    # TRL's parsed form of the same call (a tool_calls field, arguments as a JSON string) is the same state too
+    trl = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "usual", "arguments": "{}"}}]}
+    assert canonical_calls(trl) == canonical_calls({"role": "assistant", "content": tidy})
+
+
+def test_every_registered_env_says_what_its_state_is():
+    import helpers.worlds  # noqa: F401  (the worlds register their envs and anchors)
+    from helpers.envs import list_envs
+    from helpers.envs.anchors import registered_anchors
+
+    assert set(list_envs()) <= set(registered_anchors()), set(list_envs()) - set(registered_anchors())
+    assert anchor_for("shop") is tool_history and anchor_for("mypkg.envs:Mine") is tool_history
+
+
+def test_compute_advantages_uses_the_envs_anchor():
+    """GiGPO in the trainer keys step groups on the config's env's anchor: here one that sees every state as the
+    same, so every turn of the worked example is in one step group."""
+    register_anchor("one-state-test", lambda history: "the only state", overwrite=True)
+    config = TrainConfig(advantage="gigpo", env="one-state-test", gamma=0.5, scale_rewards="none")
+    got = compute_advantages(worked_example(), config).turn_advantages[0]
+    want = gigpo_advantages(worked_example(), gamma=0.5, scale_rewards="none", anchor=lambda history: 0).turn_advantages[0]
+    default = gigpo_advantages(worked_example(), gamma=0.5, scale_rewards="none").turn_advantages[0]
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not all(torch.equal(a, b) for a, b in zip(got, default))
 
 
 def test_omega_zero_is_grpo_and_zero_spread_needs_every_turn_flat():

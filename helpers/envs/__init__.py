@@ -24,6 +24,7 @@ What counts as an answer is decided in ``helpers.formats`` (``judge_answer``), n
 Taught in notebooks/02_environment.ipynb.
 """
 
+from helpers.envs.anchors import anchor_for, register_anchor, tool_history
 from helpers.envs.base import INFO_KEYS, STOP_REASONS, TRUNCATED, EnvError, StepResult, clip_observation, new_info, tool_methods, tool_schemas, tool_signatures, typed_arguments
 from helpers.envs.calculator import CalculatorEnv
 from helpers.envs.check import EnvCheckError, check_env, check_env_class
@@ -35,6 +36,8 @@ from helpers.envs.registry import import_env_class, list_envs, make_env, new_env
 register_env("math", MathEnv)
 register_env("calculator", CalculatorEnv)
 register_env("code", CodeEnv)
+for _name in ("math", "calculator", "code"):  # deterministic tools: the calls so far and their results are the state
+    register_anchor(_name, tool_history)
 
 __all__ = [
     "INFO_KEYS",
@@ -48,6 +51,7 @@ __all__ = [
     "Episode",
     "MathEnv",
     "StepResult",
+    "anchor_for",
     "call_with_timeout",
     "check_env",
     "check_env_class",
@@ -60,8 +64,10 @@ __all__ = [
     "new_env",
     "new_info",
     "parse_test",
+    "register_anchor",
     "register_env",
     "run_tests",
+    "tool_history",
     "tool_methods",
     "tool_schemas",
     "tool_signatures",

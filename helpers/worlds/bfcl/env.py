@@ -53,6 +53,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from helpers.data import DatasetError
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.rewards import env_reward, register_reward
@@ -93,6 +94,7 @@ class BfclEnv:
 
 
 register_env("bfcl", BfclEnv)
+register_anchor("bfcl", tool_history)  # the calls so far and their results: the state
 
 
 # --- the multi-turn simulators as an env ---------------------------------------------------------
@@ -217,6 +219,7 @@ def bfcl_multiturn(classes: str | tuple[str, ...] = "GorillaFileSystem"):
 
 
 register_env("bfcl_multiturn", bfcl_multiturn)
+register_anchor("bfcl_multiturn", tool_history)  # the calls so far and their results: the API state
 # The part CombinedReward adds for the env's get_reward() is named after the class: registered under that name, a
 # preset can name it as its only part (rewards={"BfclMultiTurnEnv": 1.0}) and it is counted once, as in TRL.
 register_reward("BfclMultiTurnEnv")(env_reward)

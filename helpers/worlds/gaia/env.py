@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 from helpers.data import Task
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.worlds.gaia.scorer import question_scorer
@@ -68,6 +69,7 @@ class GaiaEnv:
 
 
 register_env("gaia", GaiaEnv)
+register_anchor("gaia", tool_history)  # the searches and reads so far and their results: the state
 
 
 def judge_output(task: Task, output: str) -> dict:

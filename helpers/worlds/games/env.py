@@ -31,6 +31,7 @@ import importlib
 import random
 from typing import Callable
 
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.worlds.games.game import Match, parse_move, random_move
 
@@ -126,3 +127,4 @@ def match_report(trajectories) -> dict:
 
 
 register_env("kuhn_poker", KuhnPokerEnv)
+register_anchor("kuhn_poker", tool_history)  # the moves so far and the replies: the state of the hand (the cards are the task's)

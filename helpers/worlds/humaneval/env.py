@@ -46,6 +46,7 @@ import re
 import secrets
 
 from helpers.envs.code_env import MAX_PREDICTED_CHARS, extract_code
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.sandbox import Limits, require_isolation, run_python
@@ -173,6 +174,7 @@ class HumanEvalEnv:
 
 
 register_env("humaneval", HumanEvalEnv)
+register_anchor("humaneval", tool_history)  # the code submitted so far and the test reports: the state
 
 
 def judge_output(task, output: str) -> dict:

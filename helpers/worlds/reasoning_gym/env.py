@@ -24,6 +24,7 @@ written for answers of a few hundred characters, and a few of them parse the ans
 
 from __future__ import annotations
 
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.benchmarks import Benchmark, register_benchmark
 from helpers.rewards import register_reward
@@ -55,6 +56,7 @@ class ReasoningGymEnv:
 
 
 register_env("reasoning_gym", ReasoningGymEnv)
+register_anchor("reasoning_gym", tool_history)  # the answers so far and what came back: the state
 
 
 @register_reward("reasoning_gym")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import re
 
 from helpers.data import Task
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 
 MIN_OPERAND, MAX_OPERAND = 10, 999  # two or three digits: the lengths the warm start was taught to copy
@@ -105,3 +106,4 @@ class ProposerEnv:
 
 
 register_env("propose", ProposerEnv)
+register_anchor("propose", tool_history)  # the proposals so far and their checks: the state

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 
 from helpers.envs.calculator import CalculatorEnv
+from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 
 
@@ -83,3 +84,4 @@ class ShopEnv(CalculatorEnv):
 
 
 register_env("shop", ShopEnv)
+register_anchor("shop", tool_history)  # the calls so far and their results: the shop's state
