@@ -168,8 +168,8 @@ def group_rewards(trajectories) -> torch.Tensor:
 # The anchor state is the *environment's* state before the turn, as the world defines it
 # (``helpers.envs.anchors``): by default the tool calls so far in canonical form with their results,
 # so two episodes that made the same calls in other words (spacing, key order, another tokenisation)
-# share a step group; a world with a smaller state (the trail: the room and the turns left) groups
-# every turn taken from that state, however the episode got there. ``compute_advantages`` passes the
+# share a step group; a world with a smaller state (where the agent stands, say) groups every turn
+# taken from that state, however the episode got there. ``compute_advantages`` passes the
 # config's env's anchor; the conversation's tokens would split a group on any difference in wording.
 #
 # Named simplifications, against verl-agent's gigpo/core_gigpo.py (the reference implementation):
