@@ -217,7 +217,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"serve": serve, "key": make_key, "train": train, "rollback": rollback, "simulate": simulate, "loadtest": loadtest}
+COMMANDS = {"serve": serve, "train": train, "rollback": rollback, "simulate": simulate, "loadtest": loadtest, "key": make_key}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,10 +17,10 @@ version that was deployed once (``"tiny-agent@v0"``: the frozen copy the simulat
 Who is asking. Every chat and feedback carries a key (``Authorization: Bearer KEY``; ``python -m helpers.serve
 key --user ann`` makes one, ``store.create_key`` in process), and the user is the key's (``helpers.serve.store``):
 a body's ``user`` may repeat it and is refused when it names anyone else. Feedback is trained on, so a name
-taken at its word let anyone invent users (each with a fresh rate limit and a clean reputation) or speak in
+taken at its word would let anyone invent users (each with a fresh rate limit and a clean reputation) or speak in
 someone else's name; a key is something a user has to be given.
 
-What a web page could send is refused (``check_host``, ``read_body``): any page a browser opens can POST to
+What a web page could send is refused (``CheckHost``, ``read_body``): any page a browser opens can POST to
 127.0.0.1, so a POST must be ``application/json`` (a cross-site ``text/plain`` or form POST needs no permission
 from the browser, a JSON one does), and the ``Host`` header must name this server (loopback names, and
 ``--allow-host``): a page whose own name an attacker re-pointed at 127.0.0.1 (DNS rebinding) sends its own name.
@@ -142,9 +142,9 @@ class AdminWorld(BaseModel):
 class RateLimits:
     """A token bucket per (user, endpoint): ``rate`` tokens a second, at most ``burst`` saved up.
 
-    At most ``max_buckets`` buckets are kept, the least recently used dropped first: a table that kept one entry
-    per name forever grew with every name ever seen. A dropped bucket is a full one next time, which is what it
-    had refilled to anyway unless its user was seen in the last ``max_buckets`` requests' worth of other users."""
+    At most ``max_buckets`` buckets are kept, the least recently used dropped first: a table keeping one entry
+    per name forever would grow with every name ever seen. A dropped bucket comes back full, a small gift to a user
+    not seen while ``max_buckets`` others were, whose bucket had mostly refilled by then anyway."""
 
     def __init__(self, rate: float, burst: int, max_buckets: int = MAX_BUCKETS):
         self.rate, self.burst, self.max_buckets = rate, burst, max_buckets
@@ -209,8 +209,8 @@ async def read_body(request: Request) -> bytes | JSONResponse:
 
     Only ``application/json`` (415 otherwise): a browser sends a cross-site ``text/plain`` or form POST without
     asking anyone, while a JSON one needs the server's permission (a CORS preflight, which this server never grants).
-    At most ``MAX_BODY_BYTES``, counted as the body arrives: a body without a Content-Length (chunked) was read
-    whole before its size was checked, so one big POST grew the server by its size; now it is refused once over."""
+    At most ``MAX_BODY_BYTES``, counted as the body arrives: a body without a Content-Length (chunked), read whole
+    before its size is checked, would grow the server by its size (hundreds of MB for one POST)."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":
         return error(415, f"POST bodies must be application/json, not {media_type[:60] or 'untyped'!r}", "unsupported_media_type")
