@@ -57,8 +57,7 @@ def test_ask_see_the_tool_calls_and_give_feedback_in_a_browser(tmp_path, browser
         browser.get(server.url + "/")
         assert browser.find_element(By.ID, "login").is_displayed() and not browser.find_element(By.ID, "ask").is_displayed()
         give_key(browser, "wb-not-a-key")  # a wrong key: the server's 401, and the page asks again
-        ask_in_page_refused = browser.find_element(By.ID, "send")
-        ask_in_page_refused.click()
+        browser.find_element(By.ID, "send").click()
         wait.until(EC.text_to_be_present_in_element((By.ID, "status"), "401"))
         assert browser.find_element(By.ID, "login").is_displayed()
         give_key(browser, server.auth("browser-user")["Authorization"].removeprefix("Bearer "))

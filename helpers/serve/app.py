@@ -50,9 +50,9 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from helpers.formats import extract_answer, format_number, to_number
 from helpers.serve.agent import AgentPool, QueueFull

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from helpers.paths import ROOT
+from helpers.paths import ROOT, in_repo
 from helpers.serve.config import ADMIN_TOKEN_ENV
 from helpers.serve.store import SQLiteStore
 
@@ -97,7 +97,7 @@ class ServerProcess(ServiceProcess):
         reads keys from the store, so it holds at once), the same key after that."""
         with self.keys_lock:
             if user not in self.keys:
-                store = SQLiteStore(self.store_path)
+                store = SQLiteStore(in_repo(self.store_path))  # where the server, run in the repository root, has it
                 self.keys[user] = store.create_key(user)
                 store.close()
             return {"Authorization": f"Bearer {self.keys[user]}"}
