@@ -291,7 +291,7 @@ def test_serve_refuses_a_rate_limit_that_serves_no_one(flags, reason, tmp_path):
 def test_serve_names_its_commands_for_an_unknown_one():
     out = run("helpers.serve", "rollbak", "--version", "2")  # was: "serve: error: unrecognized arguments: rollbak"
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip() == "python -m helpers.serve: unknown command 'rollbak'; choose from serve, train, rollback, simulate, loadtest (none: serve)"
+    assert out.stderr.strip() == "python -m helpers.serve: unknown command 'rollbak'; choose from serve, train, rollback, simulate, loadtest, key (none: serve)"
 
 
 @pytest.mark.parametrize("argv, reason", [

@@ -19,9 +19,9 @@ def server(tmp_path_factory):
 
 
 def ask(server, user="ann", **extra):
-    body = {"model": "tiny-agent", "user": user, "temperature": 0,
+    body = {"model": "tiny-agent", "temperature": 0,
             "messages": [{"role": "user", "content": "What do 3 of my usual items cost?"}], **extra}
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.auth(user), timeout=60)
 
 
 def test_chat_completion_returns_the_answer_and_the_episode_and_stores_what_training_needs(server):
@@ -38,13 +38,17 @@ def test_chat_completion_returns_the_answer_and_the_episode_and_stores_what_trai
     assert sum(record.mask) == body["usage"]["completion_tokens"] > 0
     assert all(lp == 0.0 for lp, m in zip(record.logprobs, record.mask) if m == 0)
     assert record.world["item"] in record.world["prices"] and record.truth == str(3 * record.world["prices"][record.world["item"]])
-    assert httpx.get(f"{server.url}/v1/episodes/{episode['id']}").json()["messages"] == episode["messages"]
+    assert record.user == "ann"  # the key's user
+    mine = httpx.get(f"{server.url}/v1/episodes/{episode['id']}", headers=server.auth("ann"))
+    assert mine.json()["messages"] == episode["messages"]
+    assert httpx.get(f"{server.url}/v1/episodes/{episode['id']}", headers=server.auth("bob")).status_code == 404  # not bob's
 
 
 def test_good_feedback_is_stored_and_malformed_feedback_gets_a_clear_4xx_and_changes_nothing(server):
     episode = ask(server, user="bea").json()["episode"]["id"]
     url = f"{server.url}/v1/feedback"
-    ok = httpx.post(url, json={"episode_id": episode, "user": "bea", "rating": -1, "correct_answer": "1,234.0"})
+    bea = server.auth("bea")
+    ok = httpx.post(url, json={"episode_id": episode, "user": "bea", "rating": -1, "correct_answer": "1,234.0"}, headers=bea)
     assert ok.status_code == 201, ok.text
     assert ok.json()["correct_answer"] == "1234"
     store = SQLiteStore(server.store_path)
@@ -66,15 +70,16 @@ def test_good_feedback_is_stored_and_malformed_feedback_gets_a_clear_4xx_and_cha
         ({"episode_id": other, "user": "bea", "rating": 1, "correct_answer": "9" * 200}, 422, "correct_answer"),
     ]
     for body, status, says in bad:
-        response = httpx.post(url, json=body)
+        response = httpx.post(url, json=body, headers=server.auth("mallory" if body.get("user") == "mallory" else "bea"))
         assert response.status_code == status, (body, response.text)
         assert says in response.json()["error"]["message"], (body, response.text)
-    not_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    not_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json", **bea})
     assert not_json.status_code == 422
-    huge = httpx.post(url, content=json.dumps({"episode_id": other, "user": "bea", "rating": 1, "pad": "x" * 20_000}))
+    huge = httpx.post(url, content=json.dumps({"episode_id": other, "user": "bea", "rating": 1, "pad": "x" * 20_000}),
+                      headers={"content-type": "application/json", **bea})
     assert huge.status_code == 413 and "bytes" in huge.json()["error"]["message"]
     assert store.feedback_count() == before  # nothing changed
-    assert httpx.post(url, json={"episode_id": other, "user": "bea", "rating": 1}).status_code == 201  # still accepted after all that
+    assert httpx.post(url, json={"episode_id": other, "rating": 1}, headers=bea).status_code == 201  # still accepted after all that
 
 
 def test_bad_chat_requests_get_4xx(server):
@@ -82,7 +87,8 @@ def test_bad_chat_requests_get_4xx(server):
     assert ask(server, model="tiny-agent@v99").status_code == 404
     assert ask(server, stream=True).status_code == 422
     assert ask(server, temperature=5).status_code == 422
-    no_question = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]})
+    no_question = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "system", "content": "hi"}]},
+                             headers=server.auth("ann"))
     assert no_question.status_code == 422 and "user message" in no_question.json()["error"]["message"]
     assert ask(server, model="tiny-agent@v0").status_code == 200  # a pinned version
 
@@ -97,12 +103,13 @@ def test_admin_endpoints_need_the_token(server):
 
 def test_a_user_over_the_rate_gets_429_with_retry_after(server):
     url = f"{server.url}/v1/feedback"
-    statuses = [httpx.post(url, json={"episode_id": "ep-nope", "user": "spammer", "rating": 1}).status_code for _ in range(45)]
+    spammer = server.auth("spammer")
+    statuses = [httpx.post(url, json={"episode_id": "ep-nope", "rating": 1}, headers=spammer).status_code for _ in range(45)]
     assert statuses[:40] == [404] * 40  # the burst (40), each an unknown episode
     assert 429 in statuses[40:]
-    refused = httpx.post(url, json={"episode_id": "ep-nope", "user": "spammer", "rating": 1})
+    refused = httpx.post(url, json={"episode_id": "ep-nope", "rating": 1}, headers=spammer)
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
-    assert httpx.post(url, json={"episode_id": "ep-nope", "user": "someone-else", "rating": 1}).status_code == 404  # per user
+    assert httpx.post(url, json={"episode_id": "ep-nope", "rating": 1}, headers=server.auth("someone-else")).status_code == 404  # per user
 
 
 def test_the_web_page_is_served(server):

@@ -1,6 +1,6 @@
-"""The web page in a real headless browser (Debian's chromium driven by Selenium): ask the agent, see its tool
-calls, give a thumbs up and a correct answer, and find the feedback in the store. Skipped where chromium or
-selenium is missing, except in CI (CI=true), where it fails instead."""
+"""The web page in a real headless browser (Debian's chromium driven by Selenium): give a key once, ask the agent, see
+its tool calls, give a thumbs up and a correct answer, and find the feedback in the store under the key's user.
+Skipped where chromium or selenium is missing, except in CI (CI=true), where it fails instead."""
 
 import os
 import shutil
@@ -44,13 +44,25 @@ def ask_in_page(driver, wait, question: str) -> None:
     wait.until(EC.visibility_of_element_located((By.ID, "feedback")))
 
 
+def give_key(driver, key: str) -> None:
+    box = driver.find_element(By.ID, "key")
+    box.clear()
+    box.send_keys(key)
+    driver.find_element(By.ID, "use-key").click()
+
+
 def test_ask_see_the_tool_calls_and_give_feedback_in_a_browser(tmp_path, browser):
     with ServerProcess(tmp_path / "store.db") as server:
         wait = WebDriverWait(browser, 120)
         browser.get(server.url + "/")
-        user = browser.find_element(By.ID, "user")
-        user.clear()
-        user.send_keys("browser-user")
+        assert browser.find_element(By.ID, "login").is_displayed() and not browser.find_element(By.ID, "ask").is_displayed()
+        give_key(browser, "wb-not-a-key")  # a wrong key: the server's 401, and the page asks again
+        browser.find_element(By.ID, "send").click()
+        wait.until(EC.text_to_be_present_in_element((By.ID, "status"), "401"))
+        assert browser.find_element(By.ID, "login").is_displayed()
+        give_key(browser, server.auth("browser-user")["Authorization"].removeprefix("Bearer "))
+        browser.refresh()  # the key is asked for once: the tab keeps it (sessionStorage)
+        assert browser.find_element(By.ID, "ask").is_displayed() and not browser.find_element(By.ID, "login").is_displayed()
 
         ask_in_page(browser, wait, "What do 3 of my usual items cost?")
         turns = browser.find_elements(By.CSS_SELECTOR, "#episode .turn")

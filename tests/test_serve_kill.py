@@ -30,14 +30,14 @@ def test_every_acknowledged_feedback_survives_kill_9(tmp_path):
     acked: dict[str, tuple] = {}  # episode id -> (rating, correct answer) the server acknowledged with 201
     lock, stop = threading.Lock(), threading.Event()
 
-    def writer(k: int, url: str) -> None:
+    def writer(k: int, url: str) -> None:  # user-k, with their key (headers[k])
         with httpx.Client(timeout=5) as client:
             for i in range(k, EPISODES, WRITERS):
                 if stop.is_set():
                     return
                 body = {"episode_id": f"ep-{i:05d}", "user": f"user-{k}", "rating": 1 if i % 2 else -1, "correct_answer": str(i * 7)}
                 try:
-                    response = client.post(f"{url}/v1/feedback", json=body)
+                    response = client.post(f"{url}/v1/feedback", json=body, headers=headers[k])
                 except httpx.HTTPError:  # the kill: this one was never acknowledged
                     return
                 if response.status_code == 201:
@@ -45,6 +45,7 @@ def test_every_acknowledged_feedback_survives_kill_9(tmp_path):
                         acked[body["episode_id"]] = (body["rating"], body["correct_answer"])
 
     server = ServerProcess(path, extra=["--rate", "10000", "--burst", "10000"]).start()
+    headers = [server.auth(f"user-{k}") for k in range(WRITERS)]
     threads = [threading.Thread(target=writer, args=(k, server.url)) for k in range(WRITERS)]
     for thread in threads:
         thread.start()
@@ -67,5 +68,6 @@ def test_every_acknowledged_feedback_survives_kill_9(tmp_path):
         status = httpx.get(f"{restarted.url}/v1/status").json()
         assert status["feedback"] == len(stored) >= len(acked)
         episode = next(iter(acked))
-        again = httpx.post(f"{restarted.url}/v1/feedback", json={"episode_id": episode, "user": f"user-{int(episode[3:]) % WRITERS}", "rating": 1})
+        again = httpx.post(f"{restarted.url}/v1/feedback", json={"episode_id": episode, "rating": 1},
+                           headers=restarted.auth(f"user-{int(episode[3:]) % WRITERS}"))
         assert again.status_code == 409  # the acknowledged feedback is there: a second one is a duplicate

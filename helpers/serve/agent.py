@@ -16,6 +16,10 @@ in flight finishes on the weights it started with, the next batch runs on the ne
 request waits for the load or fails because of it. Old versions are dropped (the frozen copy a
 caller pins, ``model@v0``, is loaded again when asked for).
 
+The queue is bounded (``max_queue``): a request that finds it full is refused at once (``QueueFull``, a 429 with
+Retry-After), not queued behind minutes of work while its memory and its caller wait; callers beyond what the
+worker can serve are told to come back, and the server's memory does not grow with them.
+
 Simplifications, named: one worker, so batches run one after another (a long batch delays the next
 one; vLLM's continuous batching does better on a GPU); all requests of a batch share one turn budget
 (the server's); requests of different temperatures or versions in one batch run as separate rollouts.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import math
 import queue
 import threading
 import time
@@ -39,6 +44,14 @@ from helpers.serve.world import WORLD_ITEMS_KEY
 from helpers.worlds.shop.env import ShopEnv
 
 KEEP_VERSIONS = 3  # loaded versions kept besides the deployed one (pinned callers' versions)
+
+
+class QueueFull(Exception):
+    """The worker's queue holds ``max_queue`` requests: come back in ``retry_after`` seconds (about one batch)."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        super().__init__(f"{waiting} requests waiting; retry in {retry_after} s")
+        self.waiting, self.retry_after = waiting, retry_after
 
 
 @dataclass
@@ -59,8 +72,8 @@ def load_policy(config: TrainConfig, base_model, tokenizer, adapter_dir: str | N
 class AgentPool:
     """Adapter versions ready to serve, and the worker that serves them (module docstring)."""
 
-    def __init__(self, config: TrainConfig, store: SQLiteStore, max_batch: int = 64, poll_s: float = 0.5):
-        self.config, self.store, self.max_batch, self.poll_s = config, store, max_batch, poll_s
+    def __init__(self, config: TrainConfig, store: SQLiteStore, max_batch: int = 64, poll_s: float = 0.5, max_queue: int = 256):
+        self.config, self.store, self.max_batch, self.poll_s, self.max_queue = config, store, max_batch, poll_s, max_queue
         self.base_model, self.tokenizer = load_model(config)
         self.lock = threading.Lock()  # guards self.policies (the worker reads, the watcher writes)
         self.policies: dict[int, object] = {}
@@ -68,7 +81,9 @@ class AgentPool:
         self.policies[self.deployed] = load_policy(config, self.base_model, self.tokenizer, path)
         self.world_items: list[str] | None = store.get_setting(WORLD_ITEMS_KEY)  # what customers buy now (None: all)
         self.swaps: list[tuple[float, int]] = []  # (time, version) of every swap, for the status page
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.Queue = queue.Queue()  # bounded by submit (max_queue), so that stop's None always fits
+        self.submitting = threading.Lock()  # the size check and the put, as one step
+        self.batch_s = 1.0  # how long the last batch took: a full queue's Retry-After
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._work, name="agent-worker", daemon=True),
                         threading.Thread(target=self._watch, name="agent-watcher", daemon=True)]
@@ -82,9 +97,14 @@ class AgentPool:
         self.queue.put(None)
 
     def submit(self, task: Task, version: int | None, temperature: float) -> cf.Future:
-        """Queue one request; the future gives ``(trajectory, version that served it)``."""
+        """Queue one request; the future gives ``(trajectory, version that served it)``. Raises ``QueueFull`` when
+        ``max_queue`` requests wait already."""
         future: cf.Future = cf.Future()
-        self.queue.put(Pending(task, version, temperature, future))
+        with self.submitting:
+            waiting = self.queue.qsize()
+            if waiting >= self.max_queue:
+                raise QueueFull(waiting, max(1, math.ceil(self.batch_s)))
+            self.queue.put(Pending(task, version, temperature, future))
         return future
 
     def known(self, version: int) -> bool:
@@ -111,6 +131,7 @@ class AgentPool:
                     self.stopping.set()
                     break
                 batch.append(item)
+            started = time.monotonic()
             deployed = self.deployed  # read once: this batch runs on the version deployed now
             groups: dict[tuple[int, float], list[Pending]] = {}
             for item in batch:
@@ -124,6 +145,7 @@ class AgentPool:
                     continue
                 for item, trajectory in zip(items, trajectories):
                     item.future.set_result((trajectory, version))
+            self.batch_s = time.monotonic() - started
 
     def _run(self, version: int, temperature: float, tasks: list[Task]) -> list[Trajectory]:
         policy = self._policy(version)

@@ -1,9 +1,9 @@
 """A loopback load test across a hot swap: N clients ask at once for a bounded time while a new adapter is deployed.
 
     python -m helpers.serve loadtest --clients 32 --seconds 30     # a fresh server and store in runs/serve-loadtest/
-    report = load_test(server.url, deploy, clients=32, seconds=30)  # -> {"requests", "failed", "p50_s", "p95_s", ...}
+    report = load_test(server.url, deploy, clients=32, seconds=30, auth=server.auth)  # -> {"requests", "failed", "p50_s", ...}
 
-Each client is a thread with its own user name, asking the shop question again and again (greedy) until
+Each client is a thread with its own user and key, asking the shop question again and again (greedy) until
 the time is up. Halfway through, a new adapter version (written before the start) is registered and deployed:
 the server's watcher loads it beside the serving one and swaps (``helpers.serve.agent``). The report
 counts every request that did not come back 200 as failed, and the versions that served the requests
@@ -50,18 +50,20 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def load_test(url: str, deploy_new_version, clients: int = 32, seconds: float = 30.0) -> dict:
+def load_test(url: str, deploy_new_version, clients: int = 32, seconds: float = 30.0, auth=None) -> dict:
     """``clients`` threads asking for ``seconds``; ``deploy_new_version()`` is called at half time and returns
-    the version it deployed. Returns the report (module docstring)."""
+    the version it deployed; ``auth(user)`` gives a user's key header (``ServerProcess.auth``). Returns the report
+    (module docstring)."""
     import httpx  # optional (the 'serve' extra): only a load test's clients need it
 
     results: list[tuple[float, float, int, int | None]] = []  # (start, latency, status, version)
     lock = threading.Lock()
+    headers = [auth(f"load-{k}") if auth else {} for k in range(clients)]  # the keys made before the clock starts
     end = time.monotonic() + seconds
 
     def client(k: int) -> None:
-        body = {"model": "tiny-agent", "user": f"load-{k}", "temperature": 0, "messages": [{"role": "user", "content": QUESTION}]}
-        with httpx.Client(timeout=120) as http:
+        body = {"model": "tiny-agent", "temperature": 0, "messages": [{"role": "user", "content": QUESTION}]}
+        with httpx.Client(timeout=120, headers=headers[k]) as http:
             while time.monotonic() < end:
                 start = time.monotonic()
                 try:
@@ -106,4 +108,4 @@ def run_load_test(store_path: Path, clients: int, seconds: float, adapter: str |
             store.deploy(version, "load test")
             return version
 
-        return load_test(server.url, deploy, clients, seconds)
+        return load_test(server.url, deploy, clients, seconds, auth=server.auth)

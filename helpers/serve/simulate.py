@@ -129,10 +129,10 @@ def feedback_for(rng: random.Random, adversarial: bool, answer: str | None, trut
     return {"rating": 1}
 
 
-def ask(client, url: str, model: str, user: str, question: str) -> tuple[dict, float]:
+def ask(client, url: str, model: str, user: str, question: str, headers: dict | None = None) -> tuple[dict, float]:
     body = {"model": model, "user": user, "temperature": 0, "messages": [{"role": "user", "content": question}]}
     start = time.perf_counter()
-    response = client.post(f"{url}/v1/chat/completions", json=body)
+    response = client.post(f"{url}/v1/chat/completions", json=body, headers=headers)  # headers: the user's key
     response.raise_for_status()
     return response.json()["episode"], time.perf_counter() - start
 
@@ -175,8 +175,8 @@ def run_simulation(config: SimConfig) -> dict:
                 served: list = [None] * len(askers)
 
                 def serve_one(k: int) -> None:
-                    learning, latency = ask(client, server.url, "tiny-agent", askers[k], questions[k])
-                    frozen, _ = ask(client, server.url, "tiny-agent@v0", askers[k], questions[k])
+                    learning, latency = ask(client, server.url, "tiny-agent", askers[k], questions[k], server.auth(askers[k]))
+                    frozen, _ = ask(client, server.url, "tiny-agent@v0", askers[k], questions[k], server.auth(askers[k]))
                     served[k] = (learning, frozen, latency)
 
                 threads = [threading.Thread(target=serve_one, args=(k,)) for k in range(len(askers))]
@@ -196,7 +196,8 @@ def run_simulation(config: SimConfig) -> dict:
                     given = feedback_for(rng, user in adversaries, learning["answer"], truth, record.world["quantity"],
                                          config.honest_thumbs_up)
                     if given is not None:
-                        response = client.post(f"{server.url}/v1/feedback", json={"episode_id": learning["id"], "user": user, **given})
+                        response = client.post(f"{server.url}/v1/feedback", json={"episode_id": learning["id"], "user": user, **given},
+                                               headers=server.auth(user))
                         response.raise_for_status()
                         last_feedback = response.json()["id"]
                 if last_feedback:

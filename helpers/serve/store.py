@@ -5,6 +5,8 @@
     store.add_feedback(episode_id, user, rating=-1, correct_answer="141")   # fsynced before it returns
     store.deploy(version, reason="passed the canary gate")   # the deployed pointer: the server follows it
     store.deployed()                                          # -> (version, adapter folder)
+    key = store.create_key("ann")                             # a new key for ann (only its hash is stored)
+    store.key_user(key)                                       # -> "ann" (None: no such key, or revoked)
 
 Durability. SQLite in WAL mode with ``synchronous=FULL`` fsyncs the write-ahead log at every commit,
 so a method that returned has its row on disk: the server answers 2xx only after the commit, and
@@ -16,13 +18,22 @@ episodes while the server writes them.
 the ``path`` they keep adapters beside. A server database (Postgres, say) that offers all of these can replace
 SQLite when one machine is outgrown.
 
+Keys. A user is whoever holds one of their keys (``python -m helpers.serve key --user ann`` prints a new one):
+the server takes the user of a request from its key, never from its body. A key is 32 random bytes
+(``secrets.token_urlsafe``), and the store keeps only its SHA-256: a copy of the database gives no one a key. A
+plain hash, not a slow password hash: a random 256-bit key cannot be guessed from its hash, so there is nothing
+to slow down, and a lookup costs one indexed read per request.
+
 Simplifications, named: per-token lists are stored as JSON text (a few hundred numbers per episode on
 the tiny world; a GPU deployment would use a binary column); one connection per process, behind a lock.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -37,6 +48,20 @@ class DuplicateFeedback(Exception):
 
 class UnknownEpisode(KeyError):
     """No episode with that id."""
+
+
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")  # what a key's user may be called: printable, one word, <= 64
+
+
+def in_sqlite_range(version: int) -> bool:
+    """Whether ``version`` can be a stored version: SQLite's integers are 64-bit, and a larger Python int passed to it
+    raises OverflowError (a version number from a request is any int until checked here)."""
+    return 0 <= version < 2**63
+
+
+def key_hash(key: str) -> str:
+    """What the store keeps of a key (module docstring). Any text hashes, so a key of odd characters is simply unknown."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
@@ -85,6 +110,11 @@ class Store(Protocol):
     def deployments(self) -> list[dict]: ...
     def get_setting(self, key: str, default=None): ...
     def set_setting(self, key: str, value) -> None: ...
+    def create_key(self, user: str) -> str: ...
+    def revoke_keys(self, user: str) -> int: ...
+    def key_user(self, key: str) -> str | None: ...
+    def was_deployed(self, version: int) -> bool: ...
+    def close(self) -> None: ...
 
 
 SCHEMA = """
@@ -103,6 +133,7 @@ CREATE TABLE IF NOT EXISTS deployments (
     id INTEGER PRIMARY KEY AUTOINCREMENT, created REAL NOT NULL, version INTEGER NOT NULL REFERENCES adapters(version),
     reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (hash TEXT PRIMARY KEY, user TEXT NOT NULL, created REAL NOT NULL, revoked REAL);
 """
 
 EPISODE_FIELDS = ("id", "created", "user", "model", "adapter_version", "question", "answer", "stop_reason", "world",
@@ -210,7 +241,7 @@ class SQLiteStore:
 
     def deploy(self, version: int, reason: str) -> None:
         """Point the service at ``version`` (a new deployment, or a rollback to an older one)."""
-        if not self._read("SELECT 1 FROM adapters WHERE version = ?", (version,)):
+        if not in_sqlite_range(version) or not self._read("SELECT 1 FROM adapters WHERE version = ?", (version,)):
             raise KeyError(f"no adapter version {version}; known: {[a['version'] for a in self.adapters()]}")
         self._write("INSERT INTO deployments (created, version, reason) VALUES (?, ?, ?)", (time.time(), version, reason))
 
@@ -223,13 +254,18 @@ class SQLiteStore:
         return int(rows[0][0]), rows[0][1]
 
     def adapter_path(self, version: int) -> str:
-        rows = self._read("SELECT path FROM adapters WHERE version = ?", (version,))
+        rows = self._read("SELECT path FROM adapters WHERE version = ?", (version,)) if in_sqlite_range(version) else []
         if not rows:
             raise KeyError(f"no adapter version {version}")
         return rows[0][0]
 
     def deployments(self) -> list[dict]:
         return [dict(r) for r in self._read("SELECT * FROM deployments ORDER BY id")]
+
+    def was_deployed(self, version: int) -> bool:
+        """Whether ``version`` was ever deployed: only those may be pinned by name (a version the canary gate refused
+        never was). ``version`` is any Python int: one beyond SQLite's 64 bits is simply not there."""
+        return in_sqlite_range(version) and bool(self._read("SELECT 1 FROM deployments WHERE version = ? LIMIT 1", (version,)))
 
     # --- settings (the world's drift switch lives here, shared by the server and the trainer) ----
 
@@ -240,6 +276,25 @@ class SQLiteStore:
     def set_setting(self, key: str, value) -> None:
         self._write("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (key, json.dumps(value)))
+
+    # --- keys: who a request speaks for (module docstring) --------------------------------------------
+
+    def create_key(self, user: str) -> str:
+        """A new key for ``user`` (their other keys stay valid); returned once, stored only as its hash."""
+        if not isinstance(user, str) or not USER_NAME.fullmatch(user):
+            raise ValueError(f"user {user!r}: give 1 to 64 letters, digits or . _ @ -, starting with a letter or digit")
+        key = f"wb-{secrets.token_urlsafe(32)}"  # "wb-": a workbook key is recognisable in a log or a leaked file
+        self._write("INSERT INTO keys (hash, user, created) VALUES (?, ?, ?)", (key_hash(key), user, time.time()))
+        return key
+
+    def revoke_keys(self, user: str) -> int:
+        """Withdraw every key of ``user``; returns how many were valid. Their episodes and feedback stay."""
+        return self._write("UPDATE keys SET revoked = ? WHERE user = ? AND revoked IS NULL", (time.time(), user)).rowcount
+
+    def key_user(self, key: str) -> str | None:
+        """The user a valid key belongs to; None for an unknown or revoked key."""
+        rows = self._read("SELECT user FROM keys WHERE hash = ? AND revoked IS NULL", (key_hash(key),))
+        return rows[0][0] if rows else None
 
     def close(self) -> None:
         with self.lock:
