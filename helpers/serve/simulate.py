@@ -77,12 +77,12 @@ class SimConfig:
     seed: int = 0  # draws the users, their questions and the canary set
     out_dir: str | None = None  # the run's folder; None: runs/serve-sim-seed<seed>
     adapter: str | None = None  # the starting adapter; None: runs/serve-start's checkpoint, trained when missing; "base": none
-    rounds: int = 26  # rounds of asking and feedback
-    drift_round: int = 8  # the first round after the drift
-    window: int = 8  # rounds averaged for "before the drift" and "at the end"
+    rounds: int = 14  # rounds of asking and feedback
+    drift_round: int = 4  # the first round after the drift
+    window: int = 4  # rounds averaged for "before the drift" and "at the end"
     users: int = 40  # customers
     adversarial: float = 0.2  # share of adversarial users
-    asks_per_round: int = 24  # customers asking in each round
+    asks_per_round: int = 16  # customers asking in each round
     drift_items: int = 3  # the items customers buy after the drift: the starting agent's worst
     honest_thumbs_up: float = 0.5  # how often an honest user confirms a right answer
     recovery_margin: float = 0.05  # "recovered": the last window at most this below the window before the drift

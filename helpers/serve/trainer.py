@@ -77,7 +77,8 @@ endpoint) deploys any of them, and the trainer follows: when the deployed pointe
 goes back to that version's weights.
 
 Simplifications, named: one update at a time; requests are trained on in arrival order, once as new
-and later only as replay; the canary set is fixed and scored greedily, so a version's score is one
+and later only as replay; probation audits every new user's first verifiable pieces (a reviewer's time per
+new user); the canary set is fixed and scored greedily, so a version's score is one
 number, measured once and stored (the trainer refuses to start on a store whose scores were measured
 with another ``canary_tasks``); the audit reads the world's answer, which a real deployment buys with a reviewer's time.
 """
@@ -126,10 +127,10 @@ class OnlineConfig:
     canary_tasks: int = 144  # held-out tasks with known answers, every item equally often (module docstring)
     gate_margin: float = 0.05  # a candidate this far below the deployed or the starting version's canary is refused
     audit_rate: float = 0.2  # share of feedback checked against the world's answer
-    min_audits: int = 2  # a user is judged after this many audits
+    min_audits: int = 2  # a new user's verifiable pieces are all audited until this many; only then judged and trusted
     min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
     replay: int = 4  # requests trained on before (of as many items), replayed in each update beside the B new ones
-    lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: updates on a few items' requests must not forget the others
+    lr: float = 3e-3  # below tiny-agent's 5e-3, at which the gate refused most updates after the drift (forgetting)
     poll_s: float = 0.5  # seconds between looks at the store
     seed: int = 0  # each update's sampling seed is a function of (seed, the feedback that completed its batch)
 
