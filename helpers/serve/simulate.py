@@ -22,8 +22,8 @@ seed, the customer, their request count), not in the order concurrent requests a
 the feedback's, not the timing of its reads, and each update's sampling is seeded
 (``helpers.serve.trainer.FeedbackQueue``); the audits are drawn with a key made from the seed
 (``audit_key``); and a round begins only when the server serves the version the last round's feedback
-made (``wait_for_swap``). Greedy decoding of a batch of concurrent requests is the one thing left to
-arithmetic, and rows do not interact in it. Only the latencies differ between runs.
+made (``wait_for_swap``). Not pinned: which concurrent requests the server batches together, which can change
+only float rounding in a greedy decode. Only the latencies differ between runs.
 
 Honest users know their bill (the simulation reads the world's answer): a right answer gets a thumbs
 up half the time, a wrong one a thumbs down and the correct answer. Adversarial users lie every time:
