@@ -7,7 +7,7 @@ import torch
 import helpers.worlds  # noqa: F401
 from helpers.config import get_preset
 from helpers.serve.__main__ import open_store, register_start
-from helpers.serve.trainer import OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, gate, reference
+from helpers.serve.trainer import FeedbackQueue, OnlineConfig, OnlineTrainer, Reputation, agrees_with_truth, gate, reference
 from helpers.serve.world import ServedShop, random_question
 
 
@@ -29,18 +29,27 @@ def test_feedback_becomes_a_reference_only_when_it_says_what_is_right():
 
 
 def test_reputation_ignores_a_liar_after_two_audits_and_keeps_an_honest_user():
-    reputation = Reputation(OnlineConfig(audit_rate=1.0, min_audits=2))
+    reputation = Reputation(OnlineConfig(audit_rate=1.0, min_audits=2), "secret")
     reputation.see(fb(1, user="liar", rating=-1))
-    assert reputation.trusted("liar")  # one audit is not enough to judge
+    assert not reputation.trusted("liar") and not reputation.found_out("liar")  # one audit: not judged, not trusted
     reputation.see(fb(2, user="liar", correct_answer="47"))
-    assert not reputation.trusted("liar") and reputation.score("liar") == 0.25
+    assert reputation.found_out("liar") and reputation.score("liar") == 0.25
     for i in range(3, 6):
         reputation.see(fb(i, user="honest", rating=1))
     reputation.see(fb(6, user="honest", rating=1, answer="47"))  # one mistake
     assert reputation.trusted("honest")
-    audited = Reputation(OnlineConfig(audit_rate=0.2))
-    share = sum(audited.is_audited(i) for i in range(5000)) / 5000
-    assert 0.17 < share < 0.23
+
+
+def test_audits_are_drawn_with_the_secret_after_probation():
+    online = OnlineConfig(audit_rate=0.2, min_audits=2)
+    reputation = Reputation(online, "secret")
+    assert reputation.is_audited(fb(1, user="new")) and reputation.is_audited(fb(2, user="new"))  # probation: all
+    reputation.audited["old"] = 5
+    draws = [reputation.is_audited(fb(i, user="old")) for i in range(5000)]
+    assert 0.17 < sum(draws) / 5000 < 0.23
+    other = Reputation(online, "another secret")
+    other.audited["old"] = 5
+    assert draws != [other.is_audited(fb(i, user="old")) for i in range(5000)]  # the key, not the id, decides
 
 
 def test_the_gate_compares_with_the_deployed_and_the_starting_version_not_the_best_so_far():
@@ -55,12 +64,11 @@ def test_the_gate_compares_with_the_deployed_and_the_starting_version_not_the_be
 
 
 def test_replay_draws_items_evenly_not_the_pool_s_mix():
-    from types import SimpleNamespace
-
     pool = [{"id": i, "world": {"item": "key"}} for i in range(90)] + [{"id": 90 + i, "world": {"item": item}}
                                                                         for i, item in enumerate(["cake", "pen", "mug", "hat"])]
-    owner = SimpleNamespace(trained=pool, online=OnlineConfig(replay=4), rng=random.Random(0))
-    draws = [OnlineTrainer.replay_sample(owner) for _ in range(200)]
+    queue, rng = FeedbackQueue(OnlineConfig(replay=4), "secret"), random.Random(0)
+    queue.trained = pool
+    draws = [queue.replay_sample(rng) for _ in range(200)]
     assert all(len({f["world"]["item"] for f in draw}) == 4 for draw in draws)  # four requests of four items
     cake = sum(any(f["world"]["item"] == "cake" for f in draw) for draw in draws) / len(draws)
     assert 0.65 < cake < 0.95  # 4 of 5 items each time: cake in 80 % of updates, not the 4 % its share of the pool gives

@@ -15,6 +15,16 @@ helpers.serve``) and the online trainer (``python -m helpers.serve train``); thi
     the drift            at ``drift_round`` customers' habits change: they all buy the ``drift_items`` items the
                          starting agent handles worst (``worst_items``, measured at the start)
 
+Seeded: the same command on the same machine gives the same curves. The users, their questions and
+feedback come from one ``random.Random`` of the seed; the server draws each request's prices from (its
+seed, the customer, their request count), not in the order concurrent requests arrive
+(``helpers.serve.world``); the trainer reads feedback one piece at a time in id order, so its batches are
+the feedback's, not the timing of its reads, and each update's sampling is seeded
+(``helpers.serve.trainer.FeedbackQueue``); the audits are drawn with a key made from the seed
+(``audit_key``); and a round begins only when the server serves the version the last round's feedback
+made (``wait_for_swap``). Not pinned: which concurrent requests the server batches together, which can change
+only float rounding in a greedy decode. Only the latencies differ between runs.
+
 Honest users know their bill (the simulation reads the world's answer): a right answer gets a thumbs
 up half the time, a wrong one a thumbs down and the correct answer. Adversarial users lie every time:
 a right answer (or none) gets a thumbs down and a false correct answer (the unit price, the agent's old bad
@@ -23,7 +33,7 @@ habit, or the bill off by ten), a wrong one a thumbs up.
 What is measured per round: served success of both agents (the world's answer), the deployed version
 and its canary success, updates deployed and refused, the latency of the learning agent's requests.
 ``summary.json`` says whether the run meets the issue's bars: after the drift the learning agent comes
-back to within 0.05 of its success before it (the last ``window`` rounds against the ``window`` before
+back to within ``recovery_margin`` of its success before it (the last ``window`` rounds against the ``window`` before
 the drift) while the frozen one stays down, and the canary success never dropped by more than the gate's
 margin: every deployed update's canary success, as the store recorded it, is at most ``gate_margin``
 below its parent version's and below the starting version's (version 0, the starting agent; the gate's
@@ -32,6 +42,7 @@ two references, ``helpers.serve.trainer``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -39,7 +50,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import helpers.worlds  # noqa: F401  (registers the tiny-agent preset)
@@ -50,10 +61,12 @@ from helpers.paths import ROOT
 from helpers.policy import load_adapter, load_model, make_policy
 from helpers.serve.process import ServerProcess, ServiceProcess
 from helpers.serve.store import SQLiteStore
-from helpers.serve.trainer import SEEN_KEY, OnlineConfig, same_number, starting_version
-from helpers.serve.world import random_question
+from helpers.serve.trainer import (AUDIT_SECRET_KEY, SEEN_KEY, FeedbackQueue, OnlineConfig, agrees_with_truth, patient_rollout,
+                                   reference, same_number, starting_version)
+from helpers.serve.world import ServedShop, random_question
 from helpers.worlds.shop.env import ShopEnv
-from helpers.worlds.shop.tasks import make_agent_tasks
+from helpers.worlds.shop.tasks import QUANTITIES, make_agent_tasks
+from helpers.worlds.shop.tasks import question as question_text
 
 START_DIR = "runs/serve-start"  # the starting agent's run folder
 START_STEPS = 10
@@ -64,15 +77,16 @@ class SimConfig:
     seed: int = 0  # draws the users, their questions and the canary set
     out_dir: str | None = None  # the run's folder; None: runs/serve-sim-seed<seed>
     adapter: str | None = None  # the starting adapter; None: runs/serve-start's checkpoint, trained when missing; "base": none
-    rounds: int = 26  # rounds of asking and feedback
-    drift_round: int = 8  # the first round after the drift
-    window: int = 8  # rounds averaged for "before the drift" and "at the end"
+    rounds: int = 14  # rounds of asking and feedback
+    drift_round: int = 4  # the first round after the drift
+    window: int = 4  # rounds averaged for "before the drift" and "at the end"
     users: int = 40  # customers
     adversarial: float = 0.2  # share of adversarial users
-    asks_per_round: int = 24  # customers asking in each round
+    asks_per_round: int = 16  # customers asking in each round
     drift_items: int = 3  # the items customers buy after the drift: the starting agent's worst
     honest_thumbs_up: float = 0.5  # how often an honest user confirms a right answer
-    online: OnlineConfig = field(default_factory=OnlineConfig)
+    recovery_margin: float = 0.05  # "recovered": the last window at most this below the window before the drift
+    online: OnlineConfig = field(default_factory=OnlineConfig)  # the trainer's; its seed is replaced by ``seed``
 
 
 def as_flags(config) -> list[str]:
@@ -99,7 +113,7 @@ def worst_items(adapter: str, count: int, seed: int) -> tuple[list[str], dict[st
     policy = make_policy(config, load_adapter(model, adapter) if adapter else model.eval(), tokenizer)
     tasks = make_agent_tasks(144, seed=seed, split="validation")
     result = evaluate(policy, tasks, ShopEnv, max_new_tokens=config.max_new_tokens, max_steps=config.env_max_steps,
-                      max_total_tokens=config.max_total_tokens)
+                      max_total_tokens=config.max_total_tokens, play=patient_rollout)
     right, seen = Counter(), Counter()
     for task, record in zip(tasks, result.records):
         seen[task.metadata["item"]] += 1
@@ -146,6 +160,22 @@ def wait_for_trainer(store, last_feedback: int, timeout: float = 900.0) -> None:
         time.sleep(0.2)
 
 
+def audit_key(seed: int) -> str:
+    """The simulation's audit key, written to the store before the trainer starts (a deployment's is random,
+    ``helpers.serve.trainer.audit_secret``): the same audits in every run of a seed."""
+    return hashlib.sha256(f"simulate-audit-{seed}".encode()).hexdigest()
+
+
+def wait_for_swap(client, url: str, version: int, timeout: float = 300.0) -> None:
+    """Until the server serves ``version`` (its watcher polls the store), so a round runs on the version its
+    feedback made, whatever the machine's speed."""
+    deadline = time.monotonic() + timeout
+    while client.get(f"{url}/health").json()["deployed"] != version:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not swap to v{version} in {timeout} s")
+        time.sleep(0.1)
+
+
 def run_simulation(config: SimConfig) -> dict:
     import httpx  # optional (the 'serve' extra): only the simulated users need it
 
@@ -161,11 +191,12 @@ def run_simulation(config: SimConfig) -> dict:
     users = [f"customer-{config.seed}-{i:02d}" for i in range(config.users)]
     adversaries = set(rng.sample(users, round(config.adversarial * config.users)))
     store_path = out / "store.db"
-    trainer_args = as_flags(config.online)  # the trainer process's OnlineConfig: this one
+    trainer_args = as_flags(replace(config.online, seed=config.seed))  # the trainer process's OnlineConfig: this one
     rounds = []
     with ServerProcess(store_path, adapter=adapter or None, extra=["--rate", "1000", "--burst", "1000", "--world-seed", str(config.seed)],
                        log=out / "server.log") as server:
         store = SQLiteStore(store_path)
+        store.set_setting(AUDIT_SECRET_KEY, audit_key(config.seed))
         with ServiceProcess("train", store_path, trainer_args, log=out / "trainer.log"), httpx.Client(timeout=300) as client:
             for round_no in range(config.rounds):
                 if round_no == config.drift_round:
@@ -204,6 +235,7 @@ def run_simulation(config: SimConfig) -> dict:
                     wait_for_trainer(store, last_feedback)
                 adapters = store.adapters()
                 deployed = store.deployed()[0]
+                wait_for_swap(client, server.url, deployed)
                 latencies = sorted(latency for _, _, latency in served)
                 rounds.append({
                     "round": round_no, "drifted": round_no >= config.drift_round, "t": time.perf_counter() - t_start,
@@ -251,8 +283,8 @@ def summarise(config: SimConfig, rounds: list[dict], adapters: list[dict], drift
     drop_vs_parent = max((canary[a["parent"]] - a["canary"] for a in updates), default=0.0)
     drop_vs_start = max((canary[start] - a["canary"] for a in updates), default=0.0)
     s.update({
-        "recovered": s["learning_end"] >= s["learning_before"] - 0.05,
-        "frozen_stays_down": s["frozen_end"] < s["frozen_before"] - 0.05,
+        "recovered": s["learning_end"] >= s["learning_before"] - config.recovery_margin,
+        "frozen_stays_down": s["frozen_end"] < s["frozen_before"] - config.recovery_margin,
         "updates_deployed": len(updates), "updates_refused": sum(a["status"] == "refused" for a in adapters),
         "start_canary": canary[start],
         "deployed_canary_min": min((a["canary"] for a in updates), default=None),
@@ -301,3 +333,108 @@ def plot(rounds: list[dict], config: SimConfig, path: Path, start_canary: float 
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+# --- attacks on the feedback (notebook 11): made-up streams of feedback, no server or model ----------------------
+
+ATTACKS = {
+    "sybils": "24 new names, each a false correct answer on a verifiable question",
+    "patient sybils": "12 new names, each 2 true answers (probation) and then 4 false ones",
+    "audit dodging": "a new name, 8 false answers on questions without a known answer",
+    "trusted dodging": "a user with 2 passed audits, then 8 false answers without a known answer",
+    "framing": "4 false answers in victor's name, each on an id the public rule audits",
+}
+UNVERIFIABLE = "What do {} of my usual items cost?!"  # not the world's question (QUESTION): no known answer
+
+
+def public_audit(feedback_id: int, rate: float) -> bool:
+    """The audit draw before the audit key: a hash of the id alone, which any client can compute."""
+    return int(hashlib.sha256(f"audit-{feedback_id}".encode()).hexdigest(), 16) % 10_000 < rate * 10_000
+
+
+def attack_stream(attack: str, seed: int = 0, honest_users: int = 20, honest_pieces: int = 6,
+                  audit_rate: float = 0.2) -> list[dict]:
+    """One attack among honest traffic, as ``store.feedback_since`` returns feedback (ids in order), each piece
+    marked ``lie`` (what it says is false). The honest users (and victor) give a thumbs up on a right answer or
+    the correct answer on a wrong one; the attackers give false correct answers (``ATTACKS``)."""
+    world, rng = ServedShop(seed), random.Random(f"attack-{attack}-{seed}")
+    honest = [f"customer-{i:02d}" for i in range(honest_users)] + ["victor"]
+    plan = [(user, False, True) for user in honest for _ in range(honest_pieces)]  # (user, lie, verifiable)
+    rng.shuffle(plan)
+    if attack == "sybils":
+        attack_plan = [(f"sybil-{i:02d}", True, True) for i in range(24)]
+    elif attack == "patient sybils":
+        attack_plan = [(f"sybil-{i:02d}", k >= 2, True) for i in range(12) for k in range(6)]
+    elif attack == "audit dodging":
+        attack_plan = [("dodger", True, False)] * 8
+    elif attack == "trusted dodging":
+        attack_plan = [("dodger", False, True)] * 2 + [("dodger", True, False)] * 8
+    elif attack == "framing":
+        attack_plan = [("victor", True, True)] * 4
+    else:
+        raise ValueError(f"unknown attack {attack!r}; choose from {', '.join(ATTACKS)}")
+    stream: list[dict] = []
+    while plan or attack_plan:
+        next_id = len(stream) + 1
+        if attack == "framing":  # the attacker waits for an id the public rule audits
+            take = attack_plan and public_audit(next_id, audit_rate) and len(stream) > len(plan)
+        else:  # the attack's pieces in order, spread over the honest traffic
+            take = attack_plan and rng.random() < len(attack_plan) / (len(plan) + len(attack_plan))
+        user, lie, verifiable = attack_plan.pop(0) if take or not plan else plan.pop()
+        quantity = rng.choice(QUANTITIES)
+        question = question_text(quantity) if verifiable else UNVERIFIABLE.format(quantity)
+        task = world.task(f"ep-{next_id}", user, question)
+        bill = str(quantity * task.metadata["prices"][task.metadata["item"]])
+        right = rng.random() < 0.5  # the agent's answer: right half the time
+        answer = bill if right else str(int(bill) + 10)
+        given = {"rating": 1, "correct_answer": None} if right and not lie else {"rating": -1, "correct_answer": bill}
+        if lie:
+            given = {"rating": -1, "correct_answer": str(int(bill) - 10)}
+        stream.append({"id": next_id, "episode_id": task.id, "user": user, "answer": answer, "truth": task.answer,
+                       "world": task.metadata, "question": question, "lie": lie, **given})
+    return stream
+
+
+def trained_by_the_old_rules(stream: list[dict], online: OnlineConfig) -> list[dict]:
+    """What the trainer before the defences trained on: a user trusted until ``min_audits`` audits judged them,
+    audits drawn by ``public_audit``, every reference of a trusted user taken (in batches, in id order)."""
+    audited, agreed, pending, trained = Counter(), Counter(), [], []
+    for feedback in stream:
+        user = feedback["user"]
+        if public_audit(feedback["id"], online.audit_rate) and (verdict := agrees_with_truth(feedback)) is not None:
+            audited[user] += 1
+            agreed[user] += verdict
+        if reference(feedback) is not None:
+            pending.append(feedback)
+        judged_out = {u for u in audited if audited[u] >= online.min_audits
+                      and (agreed[u] + 1) / (audited[u] + 2) < online.min_reputation}
+        pending = [f for f in pending if f["user"] not in judged_out]
+        while len(pending) >= online.batch_tasks:
+            trained += pending[: online.batch_tasks]
+            pending = pending[online.batch_tasks:]
+    return trained
+
+
+def trained_by_the_queue(stream: list[dict], online: OnlineConfig, key: str) -> list[dict]:
+    """What the trainer's ``FeedbackQueue`` trains on, reading the same stream."""
+    queue, trained = FeedbackQueue(online, key), []
+    for feedback in stream:
+        for batch in queue.push(feedback):
+            trained += batch
+            queue.trained += batch
+    return trained
+
+
+def measure_attacks(seed: int = 0, online: OnlineConfig = OnlineConfig()) -> list[dict]:
+    """For each attack: the false references that reach training, and the honest ones, under both rules."""
+    rows = []
+    for attack in ATTACKS:
+        stream = attack_stream(attack, seed, audit_rate=online.audit_rate)
+        row = {"attack": attack, "false sent": sum(f["lie"] for f in stream)}
+        for name, trained in (("old rules", trained_by_the_old_rules(stream, online)),
+                              ("queue", trained_by_the_queue(stream, online, audit_key(seed)))):
+            row[f"false trained ({name})"] = sum(f["lie"] for f in trained)
+            row[f"honest trained ({name})"] = sum(not f["lie"] for f in trained)
+            row[f"victor's trained ({name})"] = sum(f["user"] == "victor" and not f["lie"] for f in trained)
+        rows.append(row)
+    return rows

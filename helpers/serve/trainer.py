@@ -33,11 +33,25 @@ nothing (it is skipped): a false "correct" answer that the agent never produces 
 false answer the agent sometimes does produce (the unit price, say) would teach it a bad habit; two
 guards stand in front of that:
 
-* Reputation (agreement with verifiable answers). A share ``audit_rate`` of all feedback is checked
-  against the world's own answer (a reviewer's spot check; in the simulation the world's ``truth``).
-  A user's reputation is ``(agreed + 1) / (audited + 2)``; after ``min_audits`` audits, a user below
-  ``min_reputation`` is ignored: their feedback waiting to be trained on is dropped, and so is what
-  they send later.
+* Reputation (agreement with verifiable answers), kept by ``FeedbackQueue``, which reads the feedback
+  in id order. An audit checks a piece against the world's own answer (a reviewer's spot check; in the
+  simulation the world's ``truth``); a question the world does not recognise has none, and is never audited.
+  A user's reputation is ``(agreed + 1) / (audited + 2)``.
+
+      a new user              every verifiable piece audited until ``min_audits`` audits (probation);
+                              nothing of theirs is trained on before: it waits
+      a judged user           trusted at ``min_reputation`` or above: what waits is trained on, and a share
+                              ``audit_rate`` of what follows is audited, drawn by HMAC of the feedback id with a
+                              secret key made at the trainer's first start (``AUDIT_SECRET_KEY`` in the store's
+                              settings), so the ids in replies and the counts in ``/v1/status`` predict nothing
+      found out               below ``min_reputation``: what waits is dropped, and so is what the replay pool
+                              holds of theirs and what they send later
+      any audited piece       that disagrees with the world's answer is never a reference
+      an unverifiable piece   a reference only from a trusted user, and at most one per audit they passed
+
+  So a crowd of new names (sybils) teaches nothing until each has answered ``min_audits`` verifiable
+  questions truthfully; wrong answers on unverifiable questions (audit dodging) never count from a user the
+  audits have not judged; and a user who earned trust and then lies is audited at a rate no id reveals.
 * The canary gate. Every update is a candidate version, saved (``adapters/u<time>/``, atomically, with
   checksums) and registered in the store, then evaluated greedily (as it will serve) on the canary set:
   ``canary_tasks`` held-out shop tasks with known answers, every item equally often. It is deployed
@@ -63,7 +77,8 @@ endpoint) deploys any of them, and the trainer follows: when the deployed pointe
 goes back to that version's weights.
 
 Simplifications, named: one update at a time; requests are trained on in arrival order, once as new
-and later only as replay; the canary set is fixed and scored greedily, so a version's score is one
+and later only as replay; probation audits every new user's first verifiable pieces (a reviewer's time per
+new user); the canary set is fixed and scored greedily, so a version's score is one
 number, measured once and stored (the trainer refuses to start on a store whose scores were measured
 with another ``canary_tasks``); the audit reads the world's answer, which a real deployment buys with a reviewer's time.
 """
@@ -71,9 +86,12 @@ with another ``canary_tasks``); the audit reads the world's answer, which a real
 from __future__ import annotations
 
 import hashlib
+import hmac
 import random
+import secrets
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -86,6 +104,7 @@ from helpers.data import Task
 from helpers.evaluation import evaluate
 from helpers.formats import to_number
 from helpers.grpo import LoRAGRPO, collate, group_advantages, group_rewards
+from helpers.loop import seed_everything, step_seed
 from helpers.policy import SamplingParams, load_model, make_policy, quiet_peft
 from helpers.rewards import combine, score_trajectories
 from helpers.rollout import rollout
@@ -97,6 +116,8 @@ CANARY_SEED = 7777  # the canary set: the shop's test split drawn with this seed
 CURSOR_KEY = "trainer.cursor"  # the last feedback id the trainer has consumed (trained on or dropped)
 SEEN_KEY = "trainer.seen"  # the last feedback id the trainer has read, written when it waits for more
 CANARY_KEY = "trainer.canary_tasks"  # the canary set the store's canary scores were measured on
+AUDIT_SECRET_KEY = "trainer.audit_secret"  # the HMAC key that draws which feedback is audited (made at first start)
+MAX_WAITING = 10_000  # references waiting for their users to be trusted; the oldest go first beyond this
 
 
 @dataclass
@@ -106,11 +127,27 @@ class OnlineConfig:
     canary_tasks: int = 144  # held-out tasks with known answers, every item equally often (module docstring)
     gate_margin: float = 0.05  # a candidate this far below the deployed or the starting version's canary is refused
     audit_rate: float = 0.2  # share of feedback checked against the world's answer
-    min_audits: int = 2  # a user is judged after this many audits
+    min_audits: int = 2  # a new user's verifiable pieces are all audited until this many; only then judged and trusted
     min_reputation: float = 0.5  # (agreed + 1) / (audited + 2) below this: the user is ignored
     replay: int = 4  # requests trained on before (of as many items), replayed in each update beside the B new ones
-    lr: float = 1e-3  # a fifth of tiny-agent's 5e-3: updates on a few items' requests must not forget the others
+    lr: float = 3e-3  # below tiny-agent's 5e-3, at which the gate refused most updates after the drift (forgetting)
     poll_s: float = 0.5  # seconds between looks at the store
+    seed: int = 0  # each update's sampling seed is a function of (seed, the feedback that completed its batch)
+
+
+def patient_rollout(*args, **kwargs):
+    """``helpers.rollout.rollout`` with wall-clock limits of an hour, for the canary and the updates: an episode's clock
+    counts its whole batch's generation, and on a busy machine the defaults (120 s an episode, 10 s a step) turned
+    slowness into failed episodes, so a canary score would depend on the machine's load. The shop's tools do not hang."""
+    return rollout(*args, **kwargs, episode_timeout=3600.0, step_timeout=3600.0)
+
+
+def audit_secret(store) -> str:
+    """The store's audit key: made (random) at the trainer's first start, read back ever after. Simplification,
+    named: one trainer per store (two starting at once on a new store could each write their own key)."""
+    if store.get_setting(AUDIT_SECRET_KEY) is None:
+        store.set_setting(AUDIT_SECRET_KEY, secrets.token_hex(32))
+    return store.get_setting(AUDIT_SECRET_KEY)
 
 
 def starting_version(adapters: list[dict]) -> int:
@@ -155,30 +192,106 @@ def agrees_with_truth(feedback: dict) -> bool | None:
 
 
 class Reputation:
-    """Each user's audited agreement with the world's answers (module docstring)."""
+    """Each user's audited agreement with the world's answers, and which feedback is audited (module docstring)."""
 
-    def __init__(self, config: OnlineConfig):
+    def __init__(self, config: OnlineConfig, secret: str):
         self.config = config
+        self.key = secret.encode()
         self.audited: Counter = Counter()
         self.agreed: Counter = Counter()
 
-    def is_audited(self, feedback_id: int) -> bool:
-        """A fixed share of feedback ids, drawn by hash (the same draw in every process and after a restart)."""
-        return int(hashlib.sha256(f"audit-{feedback_id}".encode()).hexdigest(), 16) % 10_000 < self.config.audit_rate * 10_000
+    def is_audited(self, feedback: dict) -> bool:
+        """Every piece of a user still on probation (fewer than ``min_audits`` audits); after that a share
+        ``audit_rate`` of feedback ids, drawn by HMAC with the store's secret: the same draw in every process
+        and after a restart, and no caller can tell from an id which piece will be checked."""
+        if self.audited[feedback["user"]] < self.config.min_audits:
+            return True
+        digest = hmac.new(self.key, f"audit-{feedback['id']}".encode(), hashlib.sha256).hexdigest()
+        return int(digest, 16) % 10_000 < self.config.audit_rate * 10_000
 
-    def see(self, feedback: dict) -> None:
-        if not self.is_audited(feedback["id"]):
-            return
+    def see(self, feedback: dict) -> bool | None:
+        """Audit ``feedback`` if it is drawn and the world knows the answer: True / False (it agreed or not), None: not audited."""
+        if not self.is_audited(feedback):
+            return None
         verdict = agrees_with_truth(feedback)
         if verdict is not None:
             self.audited[feedback["user"]] += 1
             self.agreed[feedback["user"]] += verdict
+        return verdict
 
     def score(self, user: str) -> float:
         return (self.agreed[user] + 1) / (self.audited[user] + 2)
 
     def trusted(self, user: str) -> bool:
-        return self.audited[user] < self.config.min_audits or self.score(user) >= self.config.min_reputation
+        """Judged (``min_audits`` audits, all of a new user's first verifiable pieces) and found honest enough."""
+        return self.audited[user] >= self.config.min_audits and self.score(user) >= self.config.min_reputation
+
+    def found_out(self, user: str) -> bool:
+        return self.audited[user] >= self.config.min_audits and self.score(user) < self.config.min_reputation
+
+
+class FeedbackQueue:
+    """Feedback, read in id order, becomes batches of training references (module docstring).
+
+    A function of the feedback sequence alone: whenever and in whatever chunks the trainer reads the store,
+    the same feedback gives the same batches, so a seeded run is the same run.
+
+        for batch in queue.push(feedback):   # audited if drawn; a reference waits for its user to be trusted;
+            train(batch)                     # each batch: the first B waiting references of trusted users
+            queue.trained += batch           # the replay pool (after the update: a batch does not replay itself)
+    """
+
+    def __init__(self, online: OnlineConfig, secret: str):
+        self.online = online
+        self.reputation = Reputation(online, secret)
+        self.waiting: list[dict] = []  # references not yet trained on, oldest first
+        self.trained: list[dict] = []  # references trained on: the replay pool
+        self.unverified: Counter = Counter()  # references per user on questions without a known answer, taken so far
+
+    def add(self, feedback: dict) -> None:
+        verdict = self.reputation.see(feedback)
+        if reference(feedback) is None or verdict is False:  # nothing to train on, or a reference an audit found false
+            return
+        self.waiting.append(feedback)
+        del self.waiting[: max(0, len(self.waiting) - MAX_WAITING)]  # unjudged users' pieces cannot pile up
+
+    def push(self, feedback: dict) -> Iterator[list[dict]]:
+        """Read one piece of feedback; yield every batch it completes (module docstring)."""
+        self.add(feedback)
+        while (batch := self.next_batch()) is not None:
+            yield batch
+
+    def next_batch(self) -> list[dict] | None:
+        """The first ``batch_tasks`` waiting references whose users are trusted now, or None. A question without a
+        known answer (truth None: never audited) is taken only from a trusted user with a passed audit to pay for it:
+        a user's unverifiable references never outnumber their passed audits."""
+        out = self.reputation.found_out
+        self.waiting = [f for f in self.waiting if not out(f["user"])]  # a user found out loses what waits
+        self.trained = [f for f in self.trained if not out(f["user"])]  # and what would be replayed
+        batch, taken = [], Counter()
+        for feedback in self.waiting:
+            user = feedback["user"]
+            if not self.reputation.trusted(user):
+                continue
+            if feedback["truth"] is None:
+                if self.unverified[user] + taken[user] >= self.reputation.agreed[user]:
+                    continue
+                taken[user] += 1
+            batch.append(feedback)
+            if len(batch) == self.online.batch_tasks:
+                chosen = {id(f) for f in batch}
+                self.waiting = [f for f in self.waiting if id(f) not in chosen]
+                self.unverified.update(taken)
+                return batch
+        return None
+
+    def replay_sample(self, rng: random.Random) -> list[dict]:
+        """``replay`` requests of the pool, of ``replay`` different items drawn evenly (module docstring)."""
+        by_item: dict[str, list[dict]] = {}
+        for feedback in self.trained:
+            by_item.setdefault(feedback["world"]["item"], []).append(feedback)
+        items = rng.sample(sorted(by_item), min(self.online.replay, len(by_item)))
+        return [rng.choice(by_item[item]) for item in items]
 
 
 def request_task(feedback: dict, answer: str) -> Task:
@@ -209,9 +322,8 @@ class OnlineTrainer:
         self.start = starting_version(store.adapters())
         self.start_canary = self.canary_of(self.start)  # the gate's two references (module docstring)
         self.deployed_canary = self.canary_of(self.deployed)
-        self.reputation = Reputation(online)
-        self.trained: list[dict] = []  # requests trained on so far: the replay pool
-        self.rng = random.Random(0)
+        self.queue = FeedbackQueue(online, audit_secret(store))  # reputation, what waits, the replay pool
+        self.rng = random.Random(online.seed)  # the replay draws
         self.adapter_root = store.path.parent / "adapters"
         self.updates = 0
         print(f"trainer: deployed v{self.deployed}, canary {self.deployed_canary:.3f}; starting version "
@@ -220,7 +332,7 @@ class OnlineTrainer:
     def canary(self, policy) -> float:
         c = self.config
         result = evaluate(policy, self.canary_set, ShopEnv, max_new_tokens=c.max_new_tokens, max_steps=c.env_max_steps,
-                          max_total_tokens=c.max_total_tokens)
+                          max_total_tokens=c.max_total_tokens, play=patient_rollout)
         return result.metrics["success"]
 
     def canary_of(self, version: int) -> float:
@@ -237,46 +349,37 @@ class OnlineTrainer:
 
     def run(self, max_updates: int | None = None) -> None:
         cursor = self.store.get_setting(CURSOR_KEY, 0)
-        pending = []
-        for feedback in self.store.feedback_since(0, limit=10**9):  # a restart: reputation and replay pool from all seen
-            self.reputation.see(feedback)
-            if reference(feedback) is not None:
-                (pending if feedback["id"] > cursor else self.trained).append(feedback)
-        seen = max([cursor] + [f["id"] for f in pending])
+        seen = 0
+        for feedback in self.store.feedback_since(0, limit=10**9):  # a restart: the queue again from all seen
+            if feedback["id"] > cursor:
+                break
+            for batch in self.queue.push(feedback):  # trained before the restart: the replay pool
+                self.queue.trained += batch
+            seen = feedback["id"]
         while max_updates is None or self.updates < max_updates:
             self.follow_rollback()
-            for feedback in self.store.feedback_since(seen):
+            fresh = self.store.feedback_since(seen)
+            for feedback in fresh:  # one at a time, in id order: the batches are the feedback's, not the reads' timing
                 seen = feedback["id"]
-                self.reputation.see(feedback)
-                if reference(feedback) is not None:
-                    pending.append(feedback)
-            pending = [f for f in pending if self.reputation.trusted(f["user"])]  # a user found out loses what waits
-            self.trained = [f for f in self.trained if self.reputation.trusted(f["user"])]  # and what would be replayed
-            if len(pending) < self.online.batch_tasks:
+                for batch in self.queue.push(feedback):
+                    self.update(batch + self.queue.replay_sample(self.rng), seed=step_seed(self.online.seed, seen))
+                    self.queue.trained += batch
+                    self.store.set_setting(CURSOR_KEY, seen)
+                    if max_updates is not None and self.updates >= max_updates:
+                        return
+            if not fresh:
                 self.store.set_setting(SEEN_KEY, seen)
                 time.sleep(self.online.poll_s)
-                continue
-            batch, pending = pending[: self.online.batch_tasks], pending[self.online.batch_tasks:]
-            self.update(batch + self.replay_sample())
-            self.trained += batch
-            self.store.set_setting(CURSOR_KEY, batch[-1]["id"])
 
-    def replay_sample(self) -> list[dict]:
-        """``replay`` requests of the pool, of ``replay`` different items drawn evenly (module docstring)."""
-        by_item: dict[str, list[dict]] = {}
-        for feedback in self.trained:
-            by_item.setdefault(feedback["world"]["item"], []).append(feedback)
-        items = self.rng.sample(sorted(by_item), min(self.online.replay, len(by_item)))
-        return [self.rng.choice(by_item[item]) for item in items]
-
-    def update(self, batch: list[dict]) -> int:
-        """One GRPO update on ``batch``'s requests, then the gate. Returns the new version."""
+    def update(self, batch: list[dict], seed: int = 0) -> int:
+        """One GRPO update on ``batch``'s requests (its sampling drawn with ``seed``), then the gate. Returns the new version."""
         c, o = self.config, self.online
         t0 = time.perf_counter()
+        seed_everything(seed)
         tasks = [request_task(f, reference(f)) for f in batch]
-        sampling = SamplingParams(c.max_new_tokens, c.temperature, c.top_p)
-        trajs = rollout(tasks, ShopEnv, self.policy, group_size=o.group_size, sampling=sampling, max_steps=c.env_max_steps,
-                        max_total_tokens=c.max_total_tokens, progress=False)
+        sampling = SamplingParams(c.max_new_tokens, c.temperature, c.top_p, seed=seed)
+        trajs = patient_rollout(tasks, ShopEnv, self.policy, group_size=o.group_size, sampling=sampling,
+                                max_steps=c.env_max_steps, max_total_tokens=c.max_total_tokens, progress=False)
         rewards = score_trajectories(trajs, combine(c.rewards))
         advantages = group_advantages(group_rewards(trajs), c.scale_rewards)  # (len(batch), G): B new + replay
         stats = self.trainer.update(collate(trajs, advantages, True, c.mask_truncated_completions))

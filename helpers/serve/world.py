@@ -18,8 +18,13 @@ traffic. (A drift in the tools' reply format would not do: the 1M-parameter agen
 succeeds, not even in a sampled group, so GRPO has no signal to learn from.) The setting is in the store,
 so the server and the trainer see the same world.
 
+Seeded: a request's price list is drawn from (the world's seed, the customer, how many requests they made
+before), not from one stream shared by all requests, so concurrent requests get the same rows in every
+run whatever order they reach the server in.
+
 Simplifications, named: a customer's usual item is a hash of their name into the current item list; a
-question that is not the world's one question (``QUESTION``) is still served, with no known answer.
+question that is not the world's one question (``QUESTION``) is still served, with no known answer; the
+count of requests per customer is kept in memory (one number per customer; a restart begins it again).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import Counter
 
 from helpers.data import Task
 from helpers.worlds.shop.tasks import BILLS, ITEMS, PRICES, QUANTITIES, SYSTEM, question
@@ -45,7 +51,15 @@ class ServedShop:
     """The world behind the server: makes the task of one request (module docstring)."""
 
     def __init__(self, seed: int = 0):
-        self.rng = random.Random(f"served-shop-{seed}")
+        self.seed = seed
+        self.asked: Counter = Counter()  # requests per customer so far
+
+    def prices_rng(self, user: str) -> random.Random:
+        """The draws of ``user``'s next request: seeded by (seed, user, how many times they asked before), so a
+        request's price list does not depend on the order in which concurrent requests reach the server."""
+        count = self.asked[user]
+        self.asked[user] += 1
+        return random.Random(f"served-shop-{self.seed}-{user}-{count}")
 
     def task(self, episode_id: str, user: str, question_text: str, items: list[str] | None = None) -> Task:
         """The task of one request: the world's system prompt and the customer's question, the hidden row, and
@@ -53,8 +67,9 @@ class ServedShop:
         item = usual_item(user, items)
         match = QUESTION.match(question_text)
         quantity = int(match.group(1)) if match else None
+        rng = self.prices_rng(user)
         while True:  # the price list of this moment; a known quantity gets a bill in the world's range
-            prices = {name: self.rng.choice(PRICES) for name in ITEMS}
+            prices = {name: rng.choice(PRICES) for name in ITEMS}
             if quantity is None or quantity * prices[item] in BILLS or quantity not in QUANTITIES:
                 break
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question_text}]
