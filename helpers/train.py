@@ -41,7 +41,8 @@ import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, e
 from helpers.checkpoint import ResumeError, RunFolderBusy, run_dir_for
 from helpers.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, get_preset
 from helpers.envs import check_env_class
-from helpers.loop import RunResult, look_up, train
+from helpers.data import load_dataset, parse_mix
+from helpers.loop import EVAL_SEED, RunResult, env_classes, is_mix, look_up, train
 from helpers.paths import ROOT
 from helpers.policy import ModelUnavailable, resolve_device
 from helpers.policy.vllm import MISSING
@@ -120,9 +121,11 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="starting config; flags below override it")
-    parser.add_argument("--env-class", "--env_class", dest="env", default=argparse.SUPPRESS, metavar="MODULE:CLASS",
-                        help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop; sets --env")
-    add_config_flags(parser, type(PRESETS[preset]()) if preset in PRESETS else TrainConfig)
+    parser.add_argument("--env-class", "--env_class", dest="env_class", action="append", default=argparse.SUPPRESS,
+                        metavar="[NAME=]MODULE:CLASS",
+                        help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop (sets --env); in a "
+                             "mixed dataset NAME=mypkg.shop:Shop plays the rows of environment NAME (repeatable)")
+    add_config_flags(parser, type(PRESETS[preset]()) if preset in PRESETS else TrainConfig, skip=("env_classes",))
     return parser
 
 
@@ -169,11 +172,28 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
     except ConnectionError as e:  # a hub dataset (GSM8K) offline
         return (f"--dataset {config.dataset}: {e}; it comes from the Hugging Face Hub: check the connection "
                 "(a copy already in the cache loads with HF_HUB_OFFLINE=1)")
-    if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
-        problems = check_env_class(config.env, task)
+    if is_mix(config) and ":" in config.env:
+        names = ", ".join(dict.fromkeys(environment for _, environment in parse_mix(config.dataset)))
+        return (f"--env-class {config.env}: the dataset mixes environments ({names}); "
+                f"name the one the class replaces, --env-class NAME={config.env}")
+    one_per_part = load_dataset(config.dataset, "test", len(parse_mix(config.dataset)), seed=EVAL_SEED) if is_mix(config) else [task]
+    for spec in env_classes(config):  # a class by name: refuse a broken one now, before any model loads
+        played = [t for t in one_per_part if config.env_classes.get(t.environment, t.environment) == spec] or [task]
+        problems = check_env_class(spec, played[0])  # on a task of the environment it plays
         if problems:
-            return f"environment class {config.env} refused: {'; '.join(problems)}"
+            return f"environment class {spec} refused: {'; '.join(problems)}"
     return None
+
+
+def env_class_flags(specs: list[str]) -> dict:
+    """The config fields that ``--env-class`` flags give: a bare ``module:Class`` is ``env``; ``NAME=module:Class``
+    goes into ``env_classes`` (the class that plays a mixed dataset's environment NAME)."""
+    named = dict(spec.split("=", 1) for spec in specs if "=" in spec)
+    bare = [spec for spec in specs if "=" not in spec]
+    if len(bare) > 1:
+        raise SystemExit(f"python -m helpers.train: --env-class given {len(bare)} classes without a NAME= ({', '.join(bare)}); "
+                         "one replaces the preset's env, the others name the environment they play: NAME=module:Class")
+    return {**({"env": bare[0]} if bare else {}), **({"env_classes": named} if named else {})}
 
 
 def main(argv: list[str] | None = None) -> RunResult:
@@ -181,6 +201,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     preset_only.add_argument("--preset", default=DEFAULT_PRESET)
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
+    args.update(env_class_flags(args.pop("env_class", [])))
     try:
         config = get_preset(preset, **args)
     except ConfigError as e:  # a choice field's value (--backend, --loss-type, ...): TrainConfig checks them
