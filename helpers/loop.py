@@ -111,8 +111,8 @@ def env_factory(config: TrainConfig):
     A mixed dataset (``"tiny-agent@shop+tiny@calculator"``, ``helpers.data.mix_datasets``) gets TRL's
     multi-environment form instead: a dict ``{environment name: function}``, one per part, which the
     rollout picks from by each task's ``environment``; ``config.env_classes`` replaces the class of a
-    named environment (``--env-class shop=mypkg.shop:Shop``). Every env is made once now, so a bad name
-    fails here, with the registry's message."""
+    named environment (``--env-class shop=mypkg.shop:Shop``). Every registered env is made once now, so a
+    bad name fails here, with the registry's message (a class by name is checked by ``check_env_class``)."""
     if not is_mix(config):
         return _episode_factory(config.env, config)
     names = [environment for _, environment in parse_mix(config.dataset)]
@@ -124,7 +124,8 @@ def env_factory(config: TrainConfig):
 
 
 def _episode_factory(name: str, config: TrainConfig):
-    make_env(name, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
+    if ":" not in name or not is_mix(config):  # a class by name in a mix: helpers.train checks it on a task of its world
+        make_env(name, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
     return lambda: make_env(name, max_steps=config.env_max_steps, **config.env_kwargs)
 
 

@@ -5,6 +5,9 @@
     python -m helpers.train --preset tiny-agent --resume true  # continue a killed run from its last checkpoint
     python -m helpers.train --preset tiny-selfplay --proposer-weight 5   # a preset's own config fields are flags too
     python -m helpers.train --preset tiny-agent --env-class mypkg.shop:Shop   # your own env class, on TRL's contract
+    python -m helpers.train --preset tiny-mix                   # one agent on three worlds, each row played by its own env
+    python -m helpers.train --preset tiny-mix --env-class calculator=mypkg.calc:Calc   # your class plays one of them
+    python -m helpers.train --preset tiny-agent --resume true --steps 40   # continue a finished 20-step run to 40 steps
 
 ``--env-class package.module:ClassName`` trains with any class that follows TRL's environment
 contract (``helpers.envs.base``; it need import nothing from ``helpers``): it becomes
@@ -15,6 +18,17 @@ flag's bad value (a negative ``--seed``, an unknown ``--env`` or ``--dataset``, 
 ``refusal``), before the run folder is touched.
 The same class runs in TRL's ``GRPOTrainer(environment_factory=...)``. Taught in
 notebooks/02_environment.ipynb.
+
+A mixed dataset (``--dataset tiny-agent@shop+tiny@calculator``, or the preset ``tiny-mix``) names each part's
+environment, as TRL's ``environment`` column does; there ``--env-class NAME=package.module:ClassName``
+(repeatable) replaces the class of environment NAME, each checked on a task of its own world, and a bare
+``--env-class`` is refused (it would say nothing about which world it plays). Taught in
+notebooks/10_environment_market.ipynb.
+
+``--resume true`` continues the run in ``--out-dir`` from its newest checkpoint with the run's own settings,
+except those that do not change what is trained (evaluation, logging, saving, threads:
+``helpers.checkpoint.RESUME_FREE``) and ``--steps``, which may grow: the learning-rate schedule is then
+re-planned for the new total from the step reached, said in one line and kept in config.json.
 
 This module sits on top of the house: it imports ``helpers.worlds`` (which registers every
 world's datasets, environments, presets and collectors), then hands the config to the one loop,
@@ -40,8 +54,8 @@ import torch
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
 from helpers.checkpoint import ResumeError, RunFolderBusy, run_dir_for
 from helpers.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, get_preset
-from helpers.envs import check_env_class
 from helpers.data import load_dataset, parse_mix
+from helpers.envs import check_env_class
 from helpers.loop import EVAL_SEED, RunResult, env_classes, is_mix, look_up, train
 from helpers.paths import ROOT
 from helpers.policy import ModelUnavailable, resolve_device

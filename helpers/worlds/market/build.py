@@ -7,9 +7,10 @@ Neither shipped model plays the mix: the one-call model (``data/tiny``) has neve
 tools, and the shop's agent (``data/tiny-agent``) has forgotten how to answer a bare calculator
 question. So the market's model starts from the shop's agent (its tokenizer and layers) and is
 shown demonstrations of every world, weak on purpose, as each world's own warm start is: the shop's
-sloppy demonstrator (its habits, ``helpers.worlds.shop.build``), and in the two calculator worlds a
-share of answers given "in the head" (the true answer, which the model cannot compute), so the
-warm start answers that way often and GRPO has a plan to find in each world.
+sloppy demonstrator (its habits, ``helpers.worlds.shop.build``; a share made clean, since the calculator
+worlds' direct answers teach the model to stop early in the shop too), and in the two calculator worlds
+a share of answers given "in the head" (the true answer, which the model cannot compute), so the warm
+start answers that way often and GRPO has a plan to find in each world.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
     seed=0,
     threads=1,  # torch threads: one (on a shared CPU, two threads wait on each other); a rerun gives the same bytes
     per_world=600,  # training tasks of each world, each demonstrated once
-    tool_fraction=0.4,  # calculator worlds: share of demonstrations that call the calculator; the rest answer "in the head"
-    steps=300,  # SFT optimizer steps, from data/tiny-agent's weights
+    tool_fraction=0.5,  # calculator worlds: share of demonstrations that call the calculator; the rest answer "in the head"
+    shop_clean=0.3,  # shop: share of demonstrations made clean; the rest as the shop's demonstrator made them (a third clean)
+    steps=600,  # SFT optimizer steps, from data/tiny-agent's weights
     batch_size=16,
-    lr=1e-3,  # a third of the from-scratch builds' rate: the layers already copy digits and call tools
+    lr=2e-3,  # below the from-scratch builds' rate: the layers already copy digits and call tools
     decay_fraction=0.3,  # linear decay to 0 over the last 30% of steps
     eval_tasks=90,  # held-out (validation) tasks for the baseline, a third of each world
 )
@@ -70,7 +72,8 @@ def demonstrations(recipe: dict) -> list[tuple[list[list[dict]], list[dict]]]:
     for dataset, environment in parse_mix(MIX):
         tasks = load_dataset(dataset, "train", recipe["per_world"], seed=recipe["seed"])
         if environment == "shop":
-            conversations = [shop_demonstration(task, demonstrator_flaw(task, rng), rng) for task in tasks]
+            flaws = [None if rng.random() < recipe["shop_clean"] else demonstrator_flaw(task, rng) for task in tasks]
+            conversations = [shop_demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
         else:
             show = calculator_demonstration if environment == "calculator" else products_demonstration
             conversations = [show(task, use_tool=rng.random() < recipe["tool_fraction"]) for task in tasks]
