@@ -45,6 +45,14 @@ Resume: a checkpoint holds everything the next step depends on (adapter, optimiz
 scheduler, the collector's data position, metrics so far), and every step's sampling seed is a
 function of ``(seed, step)``, so a run killed after a checkpoint and resumed gives the
 same numbers as a run that was never killed (on CPU; GPU kernels may not be bit-exact).
+A resumed run may also be given more ``steps``: it continues past its old end, the learning-rate
+schedule re-planned for the new total from the step reached (``replan_schedule``; config.json keeps
+``schedule_replans``), and its curves and summary go on from the checkpoint's history.
+
+Several worlds in one run (TRL's multi-environment training): a mixed dataset names each task's
+environment (``helpers.data.mix_datasets``), ``env_factory`` gives the rollout TRL's dict of
+factories, and the metrics add each environment's figures to the overall ones
+(``rewards/<env>/mean`` and ``<env>/success`` per step, ``eval/<env>/success`` and ``eval/<env>/pass@k``).
 
 Simplifications, named:
 - One process, one device; rollout and update alternate (no asynchronous rollouts).
@@ -240,7 +248,8 @@ class GroupCollector:
         score_trajectories(trajs, self.reward)
         advantages = compute_advantages(trajs, c)  # (B, G): the group is its own baseline (gigpo: and per turn, its step groups)
         metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s,
-                   **step_group_metrics(step_groups(trajs, c.gamma)), **environment_metrics(trajs)}  # what GiGPO's step groups offer, whichever advantage
+                   **step_group_metrics(step_groups(trajs, c.gamma)),  # what GiGPO's step groups offer, whichever advantage
+                   **environment_metrics(trajs)}  # a mix of worlds: each environment's reward and success
         return Collected(trajs, advantages, metrics, time.perf_counter() - t0)
 
     def state_dict(self) -> dict:

@@ -32,6 +32,11 @@ tool loop (2 steps of 2 tasks x 2 episodes, one micro-batch per process):
 
     accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-agent --steps 2 --tasks-per-step 2 --num-generations 2 --grad-accum 2
 
+A mix of worlds (the tiny market: the shop, the one-call world, reasoning-gym's products), TRL's
+dict of environments, each row's ``environment`` column picking its env:
+
+    accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-mix --steps 1 --tasks-per-step 2 --num-generations 2 --grad-accum 2 --max-train-tasks 12
+
     python scripts/trl_multi_gpu.py --preset gsm8k-24gb --dataset gsm8k-sample --dry-run   # build, print, train nothing
     python scripts/trl_multi_gpu.py --preset tiny-mix --dry-run                           # three worlds, one dict of environments
 
