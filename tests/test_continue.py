@@ -12,7 +12,7 @@ import torch
 
 from helpers.config import get_preset
 from helpers.live import LiveCurves
-from helpers.train import main
+from helpers.train import main, train
 
 
 @pytest.fixture
@@ -75,8 +75,6 @@ def test_a_resume_that_changes_the_learning_rate_is_refused_in_one_line(tmp_path
 def test_the_same_steps_resume_records_no_replan(tmp_path, one_thread):
     config = get_preset("tiny-cpu", steps=1, tasks_per_step=2, num_generations=2, max_new_tokens=8, max_total_tokens=96,
                         eval_tasks=1, pass_k=0, save_every=1, out_dir=str(tmp_path / "run"))
-    from helpers.train import train
-
     train(config, live=LiveCurves(None, notebook=False))
     train(get_preset("tiny-cpu", **{**config.__dict__, "resume": True, "pass_k": 1}), live=LiveCurves(None, notebook=False))
     assert "schedule_replans" not in json.loads((tmp_path / "run" / "config.json").read_text())

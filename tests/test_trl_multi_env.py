@@ -9,11 +9,14 @@ each environment was reset on its own rows only (and on all of them), and each p
 from collections import Counter
 
 import pytest
+import torch
+from transformers import set_seed
 
 from helpers.config import get_preset
 from helpers.data import load_dataset
 from helpers.ecosystem.trl_bridge import environment_factory, grpo_trainer, import_trl, trl_dataset
 from helpers.envs import CalculatorEnv
+from helpers.policy import load_model
 from helpers.worlds.shop.env import ShopEnv
 
 MIX = "tiny-agent@shop+tiny@calculator"
@@ -37,11 +40,6 @@ def counting(env_class, log: list):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    import torch
-    from transformers import set_seed
-
-    from helpers.policy import load_model
-
     config = get_preset("tiny-mix", dataset=MIX, steps=1, tasks_per_step=8, num_generations=2, grad_accum=1, num_iterations=1)
     set_seed(config.seed)
     model, tokenizer = load_model(config)

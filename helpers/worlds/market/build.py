@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from helpers.data import Task, load_dataset, parse_mix
-from helpers.envs import make_env, tool_schemas
+from helpers.envs import make_env
 from helpers.evaluation import evaluate
 from helpers.floats import flush_denormals
 from helpers.formats import format_tool_call
