@@ -42,7 +42,7 @@ class Benchmark:
     max_new_tokens: int = 512  # per turn
     max_total_tokens: int = 2048  # prompt + the whole episode
     members: str = ""  # a family's members, for --help: what may follow "name/" (BFCL's categories)
-    score_file: Callable[[str, str | Path], dict] | None = None  # (name, path) -> metrics: a file format of the benchmark's own
+    score_file: Callable[..., dict] | None = None  # (name, path, model=...) -> metrics: a file format of the benchmark's own; model: whose decoder reads it (--answers-model)
     # (BFCL's result files), scored by it instead of by score_answers' one {task_id, completion} per line
     config_for: Callable[[str], dict] | None = None  # name -> TrainConfig fields for a member played another way (its env)
 

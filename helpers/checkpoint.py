@@ -40,9 +40,14 @@ CHECKPOINT_FILES = (ADAPTER, TRAINER_STATE, CHECKSUMS)
 CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")  # what write_checkpoint renames into place; "checkpoint-20.tmp-..." is not one
 KEEP_CHECKPOINTS = 2  # older checkpoint folders are deleted (a GSM8K adapter with its AdamW moments is hundreds of MB)
 TRAJECTORY_DIR, EVAL_DIR = "trajectories", "eval"  # the run folder's sub-folders of episodes
-# Fields a resumed run may change: they decide where and what is logged and saved, or how many cores
-# compute it, not what is trained (a run folder copied to another machine resumes there).
-RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every", "torch_threads")
+# Fields a resumed run may change: they decide where and what is logged, saved and evaluated, or how many
+# cores compute it, not what is trained (a run folder copied to another machine resumes there). An evaluation
+# setting changed on resume applies from then on: the evaluation before training stays as it was measured.
+RESUME_FREE = ("resume", "out_dir", "report_to", "save_every", "log_trajectories_every", "torch_threads", "log_kl",
+               "eval_every", "eval_tasks", "eval_subset", "pass_k")
+# Fields a resumed run may raise: more steps continue the run, the learning-rate schedule re-planned for the new
+# total from the step reached (helpers.loop.replan_schedule). Fewer would end a run its schedule did not plan for.
+RESUME_GROWS = ("steps",)
 
 
 class ResumeError(ValueError):
@@ -227,9 +232,9 @@ def resumable_checkpoint(run_dir: Path, config: TrainConfig) -> Path | None:
     (a damaged newest one is reported and the one before it taken), or None when there is none.
 
     Raises ``ResumeError`` when ``config`` differs from the run's own (``config.json``) in a field
-    that changes what is trained (all but ``RESUME_FREE``): the restored optimizer, scheduler and
-    adapter belong to the old settings, so continuing with new ones would train something no config
-    describes. The message names every field that differs.
+    that changes what is trained (all but ``RESUME_FREE``, and ``RESUME_GROWS`` raised): the restored
+    optimizer, scheduler and adapter belong to the old settings, so continuing with new ones would train
+    something no config describes. The message names every field that differs.
     """
     for candidate in checkpoints(run_dir):
         damage = checkpoint_damage(candidate)
@@ -241,13 +246,19 @@ def resumable_checkpoint(run_dir: Path, config: TrainConfig) -> Path | None:
         return None
     if not (run_dir / "config.json").is_file():
         raise ResumeError(f"resume: {run_dir} has checkpoints but no config.json, so its settings are unknown; start a new run")
-    saved = json.loads((run_dir / "config.json").read_text())
+    saved = saved_config(run_dir, config)
     now = json.loads(json.dumps(asdict(config)))  # as config.json holds it (tuples as lists)
-    # a field added to the config after the run was saved: the run used what is now its default
-    saved = {**json.loads(json.dumps(asdict(type(config)()))), **saved}
     changed = [f"{name} {saved.get(name)!r} -> {value!r}" for name, value in now.items()
-               if name not in RESUME_FREE and saved.get(name) != value]
+               if name not in RESUME_FREE and saved.get(name) != value
+               and not (name in RESUME_GROWS and value > saved.get(name))]
     if changed:
         raise ResumeError(f"resume: {run_dir.name} was trained with other settings ({'; '.join(changed)}); "
                           "resume with the run's own settings, or start a new run in another out_dir")
     return candidate
+
+
+def saved_config(run_dir: Path, config: TrainConfig) -> dict:
+    """The run's own settings (its ``config.json``); a field added to the config after the run was saved is the
+    value the run used, what is now its default."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    return {**json.loads(json.dumps(asdict(type(config)()))), **saved}

@@ -50,9 +50,10 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # --- data and environment --------------------------------------------------------
-    dataset: str = "tiny"  # "tiny" (generated arithmetic), "gsm8k" (hub), "gsm8k-sample" (data/gsm8k_sample.jsonl)
+    dataset: str = "tiny"  # "tiny" (generated arithmetic), "gsm8k" (hub), "gsm8k-sample" (data/gsm8k_sample.jsonl); a mix "tiny-agent@shop+tiny@calculator": each part's rows played by its env
     env: str = "calculator"  # registry name (helpers.envs), or "package.module:ClassName": any class on TRL's environment contract
     env_max_steps: int = 4  # assistant turns per episode before truncation
+    env_classes: dict[str, str] = field(default_factory=dict)  # a mixed dataset's env name -> "package.module:ClassName" that plays its rows instead (--env-class NAME=module:Class)
     env_kwargs: dict[str, float] = field(default_factory=dict)  # more options: the adapter's limits (e.g. step_timeout=2.0), else the env's constructor
     max_train_tasks: int | None = None  # cap on training tasks (None = all)
     collect: str = "groups"  # how a step's batch is made (helpers.loop.COLLECTORS): "groups" = B tasks x G episodes; self-play registers "selfplay"

@@ -6,6 +6,7 @@ answer, but it is never shown to the policy.
 
     tasks = load_dataset("gsm8k-sample", "train")         # a registered dataset (helpers.worlds registers them)
     tasks = load_dataset("reasoning_gym/chain_sum", "test", 64)   # a member of a registered family of datasets
+    tasks = load_dataset("tiny-agent@shop+tiny@calculator", "test", 64)   # a mix: each task names its environment
     train, val = train_val_split(tasks, val_fraction=0.2, seed=0)
     sampler = TaskSampler(train, batch_size=8, seed=0)
     batch = next(sampler)                                 # list of 8 Tasks
@@ -21,9 +22,11 @@ Simplifications, named:
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -40,6 +43,8 @@ class Task:
                ``[{"role": "system", "content": ...}, {"role": "user", "content": ...}]``
     answer:    canonical reference answer (``"1000"``), or None when the env checks another way
     metadata:  anything else (source file and row, difficulty, test cases for code tasks, ...)
+    environment: the registered env that plays it (``"shop"``), TRL's ``environment`` column; None: the run's
+               one env (``config.env``). A mixed dataset (``mix_datasets``) sets it on every task.
 
     Taught in notebooks/01_dataset.ipynb §2.
     """
@@ -48,6 +53,7 @@ class Task:
     prompt: list[dict]
     answer: str | None = None
     metadata: dict = field(default_factory=dict)
+    environment: str | None = None
 
     def __post_init__(self):
         # Splits, samplers and records key on the id: a list or None here would fail far away, in train_val_split.
@@ -60,8 +66,9 @@ class Task:
         These are the columns TRL passes to an environment's ``reset(**row)``, so an env reads
         its hidden values (the shop's ``item`` and ``prices``) the same way in TRL and in this
         workbook's loop (``helpers.envs.Episode``). A metadata key named ``prompt`` or ``answer``
-        would overwrite a column: that is the task's bug, and an error. Taught in
-        notebooks/02_environment.ipynb.
+        would overwrite a column: that is the task's bug, and an error. The ``environment`` is not a
+        column of the row: TRL routes on it and leaves it out of ``reset(**row)``, as the loop does.
+        Taught in notebooks/02_environment.ipynb.
         """
         clash = sorted({"prompt", "answer"} & set(self.metadata))
         if clash:
@@ -209,14 +216,18 @@ def list_dataset_families() -> list[str]:
 
 def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
     """The tasks of one split of a registered dataset: ``load_dataset("tiny", "test", 64, seed=0)``,
-    or of a family's member: ``load_dataset("reasoning_gym/chain_sum", "test", 64)``.
+    of a family's member: ``load_dataset("reasoning_gym/chain_sum", "test", 64)``, or of a mix of
+    datasets, each with its environment: ``load_dataset("tiny-agent@shop+tiny@calculator", "test", 64)``
+    (``mix_datasets``).
 
     Taught in notebooks/01_dataset.ipynb.
     """
     if split not in DATASET_SPLITS:
         raise DatasetError(f"unknown split {split!r}; choose from {DATASET_SPLITS}")
     prefix, _, member = name.partition("/")
-    if name in DATASETS:
+    if "@" in name:
+        tasks = mix_datasets(parse_mix(name), split, n, seed)
+    elif name in DATASETS:
         tasks = DATASETS[name](split, n, seed)
     elif prefix in DATASET_FAMILIES and member:
         tasks = DATASET_FAMILIES[prefix](member, split, n, seed)
@@ -227,6 +238,45 @@ def load_dataset(name: str, split: str, n: int | None = None, seed: int = 0) -> 
         raise DatasetError(f"dataset {name!r} has no {split} tasks")
     check_unique_ids(tasks, f"dataset {name!r} ({split})")
     return tasks
+
+
+# --- mixed datasets: one run over several environments (TRL's multi-environment training) ---------
+# TRL's GRPOTrainer takes ``environment_factory={"shop": ..., "calculator": ...}`` and reads each row's
+# ``environment`` column to pick one. A mix names its parts the same way: ``dataset@environment``, joined
+# by ``+``: ``"tiny-agent@shop+tiny@calculator+tiny-products@reasoning_gym_calculator"``.
+
+MIX_PART = re.compile(r"(?P<dataset>[^@]+?)@(?P<environment>[\w.-]+(?::\w+)?)(?:\+|$)")
+
+
+def parse_mix(spec: str) -> list[tuple[str, str]]:
+    """``"tiny-agent@shop+tiny@calculator"`` -> ``[("tiny-agent", "shop"), ("tiny", "calculator")]``. A dataset
+    name may hold ``+`` (a reasoning-gym config's list): a part ends at the ``@environment`` that follows it."""
+    parts, end = [], 0
+    for match in MIX_PART.finditer(spec):
+        if match.start() != end:
+            break
+        parts.append((match["dataset"], match["environment"]))
+        end = match.end()
+    if end != len(spec) or not parts or spec.endswith("+"):
+        raise DatasetError(f"mixed dataset {spec!r}: expected dataset@environment+dataset@environment, "
+                           "e.g. tiny-agent@shop+tiny@calculator")
+    return parts
+
+
+def mix_datasets(parts: list[tuple[str, str]], split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+    """The tasks of several datasets, each task naming its part's environment, interleaved part by part
+    (the first N tasks of a mix hold about N / len(parts) of each, so an evaluation on a subset still
+    sees every environment). ``n`` is shared out evenly (the first parts take the remainder; with fewer
+    than one task per part, the last parts get none); None: all of each part."""
+    shares = [None] * len(parts) if n is None else [n // len(parts) + (i < n % len(parts)) for i in range(len(parts))]
+    loaded = [[replace(task, environment=environment) for task in load_dataset(name, split, share, seed)]
+              for (name, environment), share in zip(parts, shares) if share != 0]
+    return [task for row in itertools.zip_longest(*loaded) for task in row if task is not None]
+
+
+def environments_of(tasks: list[Task]) -> list[str | None]:
+    """The distinct environments ``tasks`` name, in their first appearance's order (None: the run's env)."""
+    return list(dict.fromkeys(task.environment for task in tasks))
 
 
 # --- splits and batches ----------------------------------------------------------------------

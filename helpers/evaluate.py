@@ -6,6 +6,7 @@
     python -m helpers.evaluate --benchmark humaneval --answers samples.jsonl            # a file of outputs, no model
     python -m helpers.evaluate --preset tiny-kuhn --adapter runs/tiny-kuhn-seed0/checkpoint-40 --opponent mymodule:my_player --n 240
     python -m helpers.evaluate --benchmark bfcl --answers result/                       # BFCL's result files: its per-category accuracy
+    python -m helpers.evaluate --benchmark bfcl --answers f.json --answers-model Qwen/Qwen3-8B   # decoded by that model's handler
 
 The evaluation itself is ``helpers.evaluation.evaluate`` (re-exported here), the function the
 training loop runs before, during and after training: the same tasks, envs and numbers.
@@ -18,7 +19,9 @@ scores a file of outputs instead, one ``{"task_id", "completion"}`` per line (fo
 samples format), with the benchmark's judge and no model (``helpers.benchmarks.score_answers``). Both print
 the benchmark's own metrics: pass@k with the unbiased estimator (``pass_at_k_table``) and the mean per-sample
 ``score`` (HumanEval: passed; reasoning-gym: the verifier's value, partial credit included); for BFCL's
-result files, its own per-category accuracy.
+result files, its own per-category accuracy, each result decoded by the handler of the BFCL model that
+wrote the file (``--answers-model NAME``, as ``bfcl evaluate --model NAME``; a file the default handler
+cannot read is refused in one line that says so, not scored 0).
 
 ``--opponent module:function`` (a game preset, ``tiny-kuhn``) plays the policy against any function
 ``(observation: str, legal_moves: list[str]) -> str`` that returns a move, seats alternating by hand,
@@ -74,6 +77,9 @@ def build_parser(prog: str = "python -m helpers.evaluate",
                         help="a game preset: play against this function (observation, legal_moves) -> move, seats balanced")
     parser.add_argument("--answers", default=None, metavar="FILE",
                         help="with --benchmark: score this file of model outputs, one {task_id, completion} per line, without a model")
+    parser.add_argument("--answers-model", "--answers_model", default=None, metavar="NAME",
+                        help="with --benchmark bfcl --answers: the BFCL model whose handler decodes the file, as bfcl evaluate "
+                             "--model NAME (Qwen/Qwen3-8B: Python-call syntax; Qwen/Qwen3-8B-FC: <tool_call> JSON)")
     return parser
 
 
@@ -135,11 +141,17 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             benchmark = get_benchmark(args.benchmark)
         except KeyError as e:
             parser.error(str(e).strip("\"'"))
+    if args.answers_model is not None and args.answers is None:
+        parser.error("--answers-model needs --answers FILE: it names the handler that decodes that file")
     if args.answers is not None:
         if benchmark is None:
             parser.error("--answers needs --benchmark NAME: the benchmark whose tasks and judge score the file")
+        if args.answers_model is not None and benchmark.score_file is None:
+            parser.error(f"--answers-model: {args.benchmark}'s answers are replies its judge reads, not a model's "
+                         "result files (only bfcl's are decoded by a named model's handler)")
         if benchmark.score_file is not None:  # the benchmark's own file format (BFCL's result files), its own numbers
-            metrics = benchmark.score_file(args.benchmark, args.answers)
+            chosen = {"model": args.answers_model} if args.answers_model is not None else {}
+            metrics = benchmark.score_file(args.benchmark, args.answers, **chosen)
         else:
             tasks = load_dataset(args.benchmark, "test", args.n, seed=args.seed)
             metrics, _ = score_answers(benchmark, tasks, args.answers)

@@ -35,6 +35,10 @@ for the held-out episodes under ``eval/``. ``completions/...`` and ``tools/...``
 names (``tools/call_frequency`` is ``tool_calls`` again, under the name TRL logs it), so the
 curves of a run here and of a TRL run line up.
 
+A mixed run (tasks that name their environment, ``helpers.data.mix_datasets``) is also reported per
+environment: ``evaluate`` adds ``<env>/success``, ``<env>/pass@1``, ``<env>/pass@k`` and ``<env>/n`` for
+each (``by_environment``), beside the overall figures, and each record names its task's environment.
+
 Simplifications, named: pass@k uses exactly ``n = k`` samples (the estimator is
 unbiased but noisy; more samples per task would lower its variance); the tool calls
 and turns are measured on the one episode per task only (greedy unless ``greedy=False``).
@@ -123,6 +127,7 @@ def task_record(traj: Trajectory) -> dict:
         "completion_tokens": traj.num_generated,
         "strict_format": judged.get("strict_format"),
         "completion": traj.completion_text,
+        **({"environment": traj.task.environment} if traj.task.environment is not None else {}),
     }
 
 
@@ -185,6 +190,16 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
     return stats
 
 
+def by_environment(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    """The episodes of each environment their tasks name, in first-seen order; ``{}`` when no task names
+    one (a one-environment run has nothing to split)."""
+    groups: dict[str, list[Trajectory]] = {}
+    for traj in trajs:
+        if traj.task.environment is not None:
+            groups.setdefault(traj.task.environment, []).append(traj)
+    return groups
+
+
 def evaluate(
     policy,
     tasks: list,
@@ -227,6 +242,13 @@ def evaluate(
         metrics["pass@1"] = sum(correct.values()) / len(sampled)
         for record in records:
             record[f"correct_of_{k}"] = correct[record["task_id"]]
+    for environment, trajs in by_environment(episodes).items():  # a mixed run: each environment's own figures too
+        metrics[f"{environment}/success"] = episode_stats(trajs)["success"]
+        metrics[f"{environment}/n"] = len(trajs)
+        if k > 0:
+            mine = [t.task for t in trajs]
+            metrics[f"{environment}/pass@{k}"] = sum(pass_at_k(k, correct[t.id], k) for t in mine) / len(mine)
+            metrics[f"{environment}/pass@1"] = sum(correct[t.id] for t in mine) / (k * len(mine))
     return EvalResult(metrics, records, list(episodes))
 
 

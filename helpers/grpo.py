@@ -234,17 +234,19 @@ class StepGroup:
         return step / (returns.std() + eps) if scale_rewards == "group" else step
 
 
-def step_groups(trajectories, gamma: float, anchor: Anchor = tool_history) -> list[StepGroup]:
+def step_groups(trajectories, gamma: float, anchor: Anchor | str = tool_history) -> list[StepGroup]:
     """Every step group of a scored batch, task by task (``group_trajectories``' order), in order of
     first appearance. ``anchor(history) -> hashable``: the env's state after the messages ``history``
-    (``helpers.envs.anchors``; ``anchor_for(env)`` is what the env registered)."""
+    (``helpers.envs.anchors``); or an env's name: then each task's own environment's registered anchor
+    (``Task.environment``, TRL's environment column, in a mix of worlds), this env's for a task that names none."""
     out = []
     for b, group in enumerate(group_trajectories(trajectories)):
         found: dict = {}
+        state = anchor_for(group[0].task.environment or anchor) if isinstance(anchor, str) else anchor
         for g, traj in enumerate(group):
             returns = turn_returns(traj, gamma)
             for k in range(len(returns)):
-                key = anchor(history_before(traj, k))
+                key = state(history_before(traj, k))
                 if key not in found:
                     found[key] = StepGroup(b, traj.task_id, k, [], [])
                 found[key].members.append((g, k))
@@ -254,7 +256,7 @@ def step_groups(trajectories, gamma: float, anchor: Anchor = tool_history) -> li
 
 
 def gigpo_advantages(trajectories, gamma: float = 0.95, step_advantage_w: float = 1.0, scale_rewards: str = "group",
-                     eps: float = 1e-4, anchor: Anchor = tool_history) -> Advantages:
+                     eps: float = 1e-4, anchor: Anchor | str = tool_history) -> Advantages:
     """GiGPO's advantages: GRPO's episode advantage plus omega times the step-group advantage, per turn.
 
     trajectories: scored, G per task (as ``group_advantages``). Returns ``Advantages`` with the episode
@@ -295,10 +297,9 @@ def step_group_metrics(groups: list[StepGroup]) -> dict[str, float]:
 
 def compute_advantages(trajectories, config: TrainConfig) -> Advantages:
     """The config's advantage (``config.advantage``) on scored trajectories: GRPO's per episode, or GiGPO's per turn,
-    with the step groups keyed on the state the config's env says it is in (``anchor_for(config.env)``)."""
+    with the step groups keyed on the state each task's env says it is in (``step_groups``)."""
     if config.advantage == "gigpo":
-        return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards,
-                                anchor=anchor_for(config.env))
+        return gigpo_advantages(trajectories, config.gamma, config.step_advantage_w, config.scale_rewards, anchor=config.env)
     return group_advantages(group_rewards(trajectories), config.scale_rewards)
 
 

@@ -45,6 +45,14 @@ Resume: a checkpoint holds everything the next step depends on (adapter, optimiz
 scheduler, the collector's data position, metrics so far), and every step's sampling seed is a
 function of ``(seed, step)``, so a run killed after a checkpoint and resumed gives the
 same numbers as a run that was never killed (on CPU; GPU kernels may not be bit-exact).
+A resumed run may also be given more ``steps``: it continues past its old end, the learning-rate
+schedule re-planned for the new total from the step reached (``replan_schedule``; config.json keeps
+``schedule_replans``), and its curves and summary go on from the checkpoint's history.
+
+Several worlds in one run (TRL's multi-environment training): a mixed dataset names each task's
+environment (``helpers.data.mix_datasets``), ``env_factory`` gives the rollout TRL's dict of
+factories, and the metrics add each environment's figures to the overall ones
+(``rewards/<env>/mean`` and ``<env>/success`` per step, ``eval/<env>/success`` and ``eval/<env>/pass@k``).
 
 Simplifications, named:
 - One process, one device; rollout and update alternate (no asynchronous rollouts).
@@ -78,11 +86,11 @@ import numpy as np
 import torch
 
 from helpers.checkpoint import (EVAL_DIR, TRAJECTORY_DIR, clear_run_dir, resumable_checkpoint, run_dir_for, run_folder_lock,
-                                save_checkpoint)
+                                save_checkpoint, saved_config)
 from helpers.config import ConfigError, TrainConfig
-from helpers.data import TaskSampler, load_dataset, write_jsonl
-from helpers.envs import anchor_for, make_env
-from helpers.evaluation import episode_stats, evaluate, save_records
+from helpers.data import TaskSampler, load_dataset, parse_mix, write_jsonl
+from helpers.envs import make_env
+from helpers.evaluation import by_environment, episode_stats, evaluate, save_records
 from helpers.floats import flush_denormals
 from helpers.grpo import LoRAGRPO, collate, compute_advantages, step_group_metrics, step_groups
 from helpers.health import HEALTH_KINDS, check_health
@@ -106,9 +114,41 @@ TIME_SPLIT = (
 
 def env_factory(config: TrainConfig):
     """A function making one fresh env per episode (an ``Episode``): ``config.env`` (a registry name, or
-    ``"package.module:ClassName"``, any class on TRL's environment contract) and its options."""
-    make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
-    return lambda: make_env(config.env, max_steps=config.env_max_steps, **config.env_kwargs)
+    ``"package.module:ClassName"``, any class on TRL's environment contract) and its options.
+
+    A mixed dataset (``"tiny-agent@shop+tiny@calculator"``, ``helpers.data.mix_datasets``) gets TRL's
+    multi-environment form instead: a dict ``{environment name: function}``, one per part, which the
+    rollout picks from by each task's ``environment``; ``config.env_classes`` replaces the class of a
+    named environment (``--env-class shop=mypkg.shop:Shop``). Every registered env is made once now, so a
+    bad name fails here, with the registry's message (a class by name is checked by ``check_env_class``)."""
+    if not is_mix(config):
+        return _episode_factory(config.env, config)
+    names = [environment for _, environment in parse_mix(config.dataset)]
+    unknown = sorted(set(config.env_classes) - set(names))
+    if unknown:
+        raise ValueError(f"--env-class {unknown[0]}=...: the dataset has no environment {unknown[0]!r}; "
+                         f"its environments: {', '.join(dict.fromkeys(names))}")
+    return {name: _episode_factory(config.env_classes.get(name, name), config) for name in names}
+
+
+def _episode_factory(name: str, config: TrainConfig):
+    if ":" not in name or not is_mix(config):  # a class by name in a mix: helpers.train checks it on a task of its world
+        make_env(name, max_steps=config.env_max_steps, **config.env_kwargs)  # fail now, with the registry's message
+    return lambda: make_env(name, max_steps=config.env_max_steps, **config.env_kwargs)
+
+
+def is_mix(config: TrainConfig) -> bool:
+    """Does the run mix environments (a dataset ``dataset@env+dataset@env``)?"""
+    return "@" in config.dataset
+
+
+def env_classes(config: TrainConfig) -> list[str]:
+    """The classes named ``"package.module:ClassName"`` that the run plays (``config.env``, or a mix's environments
+    after ``config.env_classes``): ``helpers.train`` checks each on the contract before any model loads."""
+    if not is_mix(config):
+        return [config.env] if ":" in config.env else []
+    names = [config.env_classes.get(environment, environment) for _, environment in parse_mix(config.dataset)]
+    return [name for name in dict.fromkeys(names) if ":" in name]
 
 
 def look_up(config: TrainConfig):
@@ -118,9 +158,24 @@ def look_up(config: TrainConfig):
         raise ConfigError("collect", config.collect, sorted(COLLECTORS))
     task = load_dataset(config.dataset, "test", 1, seed=EVAL_SEED)[0]
     combine(config.rewards)
-    if ":" not in config.env:  # a class by name is checked by check_env_class, on this task
+    if is_mix(config) or ":" not in config.env:  # a class by name is checked by check_env_class, on this task
         env_factory(config)
     return task
+
+
+def replan_schedule(trainer, old_steps: int, steps: int) -> dict:
+    """A resumed run whose ``steps`` grew: follow, from the step reached, the learning-rate schedule of a run
+    planned for ``steps`` from the start (linear decay to 0 at the new last step; ``LoRAGRPO`` builds its
+    scheduler for ``config.steps``). The checkpoint restored the old plan's current rate (0 at the old last
+    step, where a finished run stands), so the rate is set to the new plan's value now. Returns what
+    config.json records: the step, the two totals, the next step's rate and one line saying so."""
+    scheduler = trainer.scheduler
+    scheduler.last_epoch -= 1  # step() counts it back up and sets each group's rate to base_lr * plan(last_epoch)
+    scheduler.step()
+    lr = scheduler.get_last_lr()[0]
+    line = (f"steps {old_steps} -> {steps}: the learning-rate schedule is re-planned for {steps} steps from step "
+            f"{trainer.step} (linear decay to 0 at step {steps}); step {trainer.step + 1} trains at lr {lr:.3g}")
+    return {"at_step": trainer.step, "steps_before": old_steps, "steps": steps, "next_lr": lr, "line": line}
 
 
 def seed_everything(seed: int) -> None:
@@ -193,7 +248,8 @@ class GroupCollector:
         score_trajectories(trajs, self.reward)
         advantages = compute_advantages(trajs, c)  # (B, G): the group is its own baseline (gigpo: and per turn, its step groups)
         metrics = {**reward_report(trajs).metrics(), **episode_stats(trajs), "tokens_per_s": trajs.stats.tokens_per_s,
-                   **step_group_metrics(step_groups(trajs, c.gamma, anchor_for(c.env)))}  # what GiGPO's step groups offer, whichever advantage
+                   **step_group_metrics(step_groups(trajs, c.gamma, c.env)),  # what GiGPO's step groups offer, whichever advantage
+                   **environment_metrics(trajs)}  # a mix of worlds: each environment's reward and success
         return Collected(trajs, advantages, metrics, time.perf_counter() - t0)
 
     def state_dict(self) -> dict:
@@ -204,6 +260,16 @@ class GroupCollector:
 
     def summary(self, history: list[dict]) -> dict:
         return {}
+
+
+def environment_metrics(trajs) -> dict[str, float]:
+    """A mixed run's batch, per environment: ``rewards/<env>/mean`` (the mean reward of that environment's
+    episodes, each scored by its own env's verdict and reward) and ``<env>/success``; ``{}`` for one environment."""
+    metrics = {}
+    for environment, mine in by_environment(trajs).items():
+        metrics[f"rewards/{environment}/mean"] = sum(t.reward for t in mine) / len(mine)
+        metrics[f"{environment}/success"] = episode_stats(mine)["success"]
+    return metrics
 
 
 COLLECTORS: dict[str, Callable] = {"groups": GroupCollector}  # config.collect -> collector class; worlds add theirs
@@ -240,6 +306,9 @@ class RunResult:
         for key in a:
             if key.startswith("pass@") and key in b:
                 text += f" | {key} {b[key]:.3f} -> {a[key]:.3f}"
+        for key in a:  # a mixed run: each environment's greedy success
+            if key.endswith("/success") and key in b:
+                text += f" | {key.removesuffix('/success')} {b[key]:.3f} -> {a[key]:.3f}"
         return text + f" | {self.wall_s:.0f} s wall, {self.cpu_s:.0f} s CPU"
 
     def time_line(self) -> str:
@@ -274,6 +343,7 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
     config = replace(config, device=resolve_device(config.device))  # a copy: the caller's config is not changed
     look_up(config)  # an unknown collector, dataset, env or reward raises here, before the folder's last run is cleared
     checkpoint = resumable_checkpoint(run_dir, config) if config.resume else None
+    saved = saved_config(run_dir, config) if checkpoint is not None else {}  # the settings the resumed run had so far
     seed_everything(config.seed)
 
     # Data, environment, reward, model + LoRA trainer, rollout policy, and the world's collector.
@@ -290,7 +360,6 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
         clear_run_dir(run_dir)
     (run_dir / TRAJECTORY_DIR).mkdir(parents=True, exist_ok=True)
     (run_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"preset": preset_name, **asdict(config)}, indent=2))
     collect = COLLECTORS[config.collect](config, policy, make_env, combine(config.rewards))
     limits = dict(max_steps=config.env_max_steps, max_total_tokens=config.max_total_tokens)
     if live is None:
@@ -326,6 +395,7 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
 
     history: list[dict] = []
     warned: list[str] = []
+    replans = list(saved.get("schedule_replans", []))  # each resume that raised --steps: where the schedule was re-planned
     if checkpoint is not None:  # continue a killed run exactly where its last checkpoint left it
         extra = trainer.load_checkpoint(checkpoint)
         collect.load_state_dict(extra["collector"])
@@ -334,6 +404,11 @@ def _train(config: TrainConfig, run_dir: Path, preset_name: str | None, live, st
         for metrics in history:
             live.record(metrics["step"], metrics)
         print(f"resumed from {checkpoint.relative_to(run_dir.parent)} at step {trainer.step}")
+        if saved["steps"] != config.steps:  # --steps raised (helpers.checkpoint.RESUME_GROWS): a longer run
+            replans.append(replan_schedule(trainer, saved["steps"], config.steps))
+            print(f"resume: {replans[-1]['line']}", flush=True)
+    (run_dir / "config.json").write_text(json.dumps(
+        {"preset": preset_name, **asdict(config), **({"schedule_replans": replans} if replans else {})}, indent=2))
     spent["startup"] = time.perf_counter() - t_start
     if checkpoint is None:
         log({"step": 0, **run_eval(0)})

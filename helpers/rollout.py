@@ -388,7 +388,8 @@ def rollout(
 
     tasks:            the tasks; trajectories come back task-major: task 0's G samples, then task 1's, ...
     env_factory:      a function returning a fresh env (one per episode): an ``Episode``, or an object on
-                      TRL's environment contract (an env class itself will do); or a registered env name
+                      TRL's environment contract (an env class itself will do); or a registered env name; or, as
+                      TRL's ``environment_factory``, a dict of such functions picked per task by ``task.environment``
     policy:           anything with ``generate(prompts, params)`` and ``tokenizer`` (``HFPolicy``, ``VLLMPolicy``)
     sampling:         temperature, top_p, max_new_tokens per turn; stop tokens default to ``stop_token_ids``
     max_steps:        assistant turns per episode at most (guard; the env may stop earlier)
@@ -431,7 +432,7 @@ def rollout(
     for task in tasks:
         for g in range(group_size):
             t0 = time.perf_counter()
-            env = env_factory()
+            env = env_factory[task.environment]() if isinstance(env_factory, dict) else env_factory()
             if not isinstance(env, Episode):  # a bare environment: the adapter gives it step(text)
                 env = Episode(env, max_steps=max_steps, step_timeout=step_timeout, episode_timeout=episode_timeout)
             messages = list(env.reset(task))

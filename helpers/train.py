@@ -5,6 +5,9 @@
     python -m helpers.train --preset tiny-agent --resume true  # continue a killed run from its last checkpoint
     python -m helpers.train --preset tiny-selfplay --proposer-weight 5   # a preset's own config fields are flags too
     python -m helpers.train --preset tiny-agent --env-class mypkg.shop:Shop   # your own env class, on TRL's contract
+    python -m helpers.train --preset tiny-mix                   # one agent on three worlds, each row played by its own env
+    python -m helpers.train --preset tiny-mix --env-class calculator=mypkg.calc:Calc   # your class plays one of them
+    python -m helpers.train --preset tiny-agent --resume true --steps 40   # continue a finished 20-step run to 40 steps
 
 ``--env-class package.module:ClassName`` trains with any class that follows TRL's environment
 contract (``helpers.envs.base``; it need import nothing from ``helpers``): it becomes
@@ -15,6 +18,17 @@ flag's bad value (a negative ``--seed``, an unknown ``--env`` or ``--dataset``, 
 ``refusal``), before the run folder is touched.
 The same class runs in TRL's ``GRPOTrainer(environment_factory=...)``. Taught in
 notebooks/02_environment.ipynb.
+
+A mixed dataset (``--dataset tiny-agent@shop+tiny@calculator``, or the preset ``tiny-mix``) names each part's
+environment, as TRL's ``environment`` column does; there ``--env-class NAME=package.module:ClassName``
+(repeatable) replaces the class of environment NAME, each checked on a task of its own world, and a bare
+``--env-class`` is refused (it would say nothing about which world it plays). Taught in
+notebooks/10_environment_market.ipynb.
+
+``--resume true`` continues the run in ``--out-dir`` from its newest checkpoint with the run's own settings,
+except those that do not change what is trained (evaluation, logging, saving, threads:
+``helpers.checkpoint.RESUME_FREE``) and ``--steps``, which may grow: the learning-rate schedule is then
+re-planned for the new total from the step reached, said in one line and kept in config.json.
 
 This module sits on top of the house: it imports ``helpers.worlds`` (which registers every
 world's datasets, environments, presets and collectors), then hands the config to the one loop,
@@ -40,8 +54,9 @@ import torch
 import helpers.worlds  # noqa: F401  (registers the built-in worlds: datasets, envs, presets, collectors)
 from helpers.checkpoint import ResumeError, RunFolderBusy, run_dir_for
 from helpers.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, get_preset
+from helpers.data import load_dataset, parse_mix
 from helpers.envs import check_env_class
-from helpers.loop import RunResult, look_up, train
+from helpers.loop import EVAL_SEED, RunResult, env_classes, is_mix, look_up, train
 from helpers.paths import ROOT
 from helpers.policy import ModelUnavailable, resolve_device
 from helpers.policy.vllm import MISSING
@@ -120,9 +135,11 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="starting config; flags below override it")
-    parser.add_argument("--env-class", "--env_class", dest="env", default=argparse.SUPPRESS, metavar="MODULE:CLASS",
-                        help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop; sets --env")
-    add_config_flags(parser, type(PRESETS[preset]()) if preset in PRESETS else TrainConfig)
+    parser.add_argument("--env-class", "--env_class", dest="env_class", action="append", default=argparse.SUPPRESS,
+                        metavar="[NAME=]MODULE:CLASS",
+                        help="train with this environment class (TRL's contract), e.g. mypkg.shop:Shop (sets --env); in a "
+                             "mixed dataset NAME=mypkg.shop:Shop plays the rows of environment NAME (repeatable)")
+    add_config_flags(parser, type(PRESETS[preset]()) if preset in PRESETS else TrainConfig, skip=("env_classes",))
     return parser
 
 
@@ -169,11 +186,28 @@ def refusal(config: TrainConfig, preset: str) -> str | None:
     except ConnectionError as e:  # a hub dataset (GSM8K) offline
         return (f"--dataset {config.dataset}: {e}; it comes from the Hugging Face Hub: check the connection "
                 "(a copy already in the cache loads with HF_HUB_OFFLINE=1)")
-    if ":" in config.env:  # a class by name: refuse a broken one now, before any model loads
-        problems = check_env_class(config.env, task)
+    if is_mix(config) and ":" in config.env:
+        names = ", ".join(dict.fromkeys(environment for _, environment in parse_mix(config.dataset)))
+        return (f"--env-class {config.env}: the dataset mixes environments ({names}); "
+                f"name the one the class replaces, --env-class NAME={config.env}")
+    one_per_part = load_dataset(config.dataset, "test", len(parse_mix(config.dataset)), seed=EVAL_SEED) if is_mix(config) else [task]
+    for spec in env_classes(config):  # a class by name: refuse a broken one now, before any model loads
+        played = [t for t in one_per_part if config.env_classes.get(t.environment, t.environment) == spec] or [task]
+        problems = check_env_class(spec, played[0])  # on a task of the environment it plays
         if problems:
-            return f"environment class {config.env} refused: {'; '.join(problems)}"
+            return f"environment class {spec} refused: {'; '.join(problems)}"
     return None
+
+
+def env_class_flags(specs: list[str]) -> dict:
+    """The config fields that ``--env-class`` flags give: a bare ``module:Class`` is ``env``; ``NAME=module:Class``
+    goes into ``env_classes`` (the class that plays a mixed dataset's environment NAME)."""
+    named = dict(spec.split("=", 1) for spec in specs if "=" in spec)
+    bare = [spec for spec in specs if "=" not in spec]
+    if len(bare) > 1:
+        raise SystemExit(f"python -m helpers.train: --env-class given {len(bare)} classes without a NAME= ({', '.join(bare)}); "
+                         "one replaces the preset's env, the others name the environment they play: NAME=module:Class")
+    return {**({"env": bare[0]} if bare else {}), **({"env_classes": named} if named else {})}
 
 
 def main(argv: list[str] | None = None) -> RunResult:
@@ -181,6 +215,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     preset_only.add_argument("--preset", default=DEFAULT_PRESET)
     args = vars(build_parser(preset_only.parse_known_args(argv)[0].preset).parse_args(argv))
     preset = args.pop("preset")
+    args.update(env_class_flags(args.pop("env_class", [])))
     try:
         config = get_preset(preset, **args)
     except ConfigError as e:  # a choice field's value (--backend, --loss-type, ...): TrainConfig checks them

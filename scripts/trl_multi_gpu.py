@@ -9,7 +9,9 @@ vLLM *server* on cards of its own. The pieces that carry over unchanged:
               metadata (helpers.ecosystem.trl_bridge.trl_dataset): {"prompt": messages, "answer": "141", "item": "pen", ...}
     env       a world with tools (the shop, the calculator) is multi-turn: its registered env goes to TRL as
               environment_factory, and TRL's tool loop calls the env's tool methods, episode by episode
-              (helpers.ecosystem.trl_bridge.environment_factory); a world without tools (GSM8K's math env) is single turn
+              (helpers.ecosystem.trl_bridge.environment_factory); a world without tools (GSM8K's math env) is single turn;
+              a mix of worlds (tiny-mix) goes as TRL's dict {environment name: factory}, each row's
+              "environment" column picking its env, the same dict the workbook's loop plays
     rewards   the preset's own rewards (config.rewards, name -> weight), helpers.ecosystem.trl_bridge.reward_funcs
     settings  the preset's TrainConfig -> GRPOConfig and LoraConfig: helpers.ecosystem.trl_bridge.grpo_config and
               helpers.grpo.lora_config, the one mapping the tests and the benchmark use too
@@ -30,7 +32,13 @@ tool loop (2 steps of 2 tasks x 2 episodes, one micro-batch per process):
 
     accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-agent --steps 2 --tasks-per-step 2 --num-generations 2 --grad-accum 2
 
+A mix of worlds (the tiny market: the shop, the one-call world, reasoning-gym's products), TRL's
+dict of environments, each row's ``environment`` column picking its env:
+
+    accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-mix --steps 1 --tasks-per-step 2 --num-generations 2 --grad-accum 2 --max-train-tasks 12
+
     python scripts/trl_multi_gpu.py --preset gsm8k-24gb --dataset gsm8k-sample --dry-run   # build, print, train nothing
+    python scripts/trl_multi_gpu.py --preset tiny-mix --dry-run                           # three worlds, one dict of environments
 
 Every field of the preset can be overridden with the flags of ``python -m helpers.train``
 (``--steps 2 --lr 1e-4``).
@@ -130,6 +138,9 @@ def dry_run(config: TrainConfig, preset: str, output_dir: str, overrides: dict) 
     print(f"dataset: {len(dataset)} rows, columns {dataset.column_names}; first prompt: {dataset[0]['prompt'][-1]['content'][:80]}...")
     if make_env is None:
         print(f"env {config.env}: no tools, single turn")
+    elif isinstance(make_env, dict):  # a mix of worlds: TRL's multi-environment form, one factory per environment
+        print(f"environments (environment_factory as a dict, each row's 'environment' column picks one): " + "; ".join(
+            f"{name}: tools {', '.join(tool_methods(make())) or 'none'}" for name, make in make_env.items()))
     else:
         print(f"env {config.env} -> environment_factory, tools {', '.join(tool_methods(make_env()))}, "
               f"up to {args.max_tool_calling_iterations} tool-calling rounds")
@@ -144,7 +155,7 @@ def dry_run(config: TrainConfig, preset: str, output_dir: str, overrides: dict) 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from helpers.train import build_parser
+    from helpers.train import build_parser, env_class_flags
     from helpers.ecosystem.trl_bridge import batch_split
 
     parser = build_parser()  # --preset and one flag per TrainConfig field, as python -m helpers.train
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     options = vars(parser.parse_args(argv))
     own = {k: options.pop(k) for k in ["output_dir", "generation", "vllm_server_host", "vllm_server_port", "dry_run"]}
     preset = options.pop("preset")
+    options.update(env_class_flags(options.pop("env_class", [])))  # --env-class [NAME=]module:Class, as helpers.train reads it
     config = get_preset(preset, **options)
     batch_split(config, world_size())  # before loading anything: a process count that does not fit says which do
     output_dir = own["output_dir"].format(preset=preset)

@@ -31,6 +31,9 @@ README_COMMAND = "accelerate launch --cpu --num_processes 2 scripts/trl_multi_gp
 # The multi-turn one: the shop world through environment_factory, 2 steps of 2 tasks x 2 episodes, one micro-batch per process.
 SHOP_COMMAND = ("accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-agent --steps 2 "
                 "--tasks-per-step 2 --num-generations 2 --grad-accum 2")
+# A mix of worlds: TRL's dict of environments, each row routed by its environment column; 2 tasks x 2 episodes.
+MIX_COMMAND = ("accelerate launch --cpu --num_processes 2 scripts/trl_multi_gpu.py --preset tiny-mix --steps 1 "
+               "--tasks-per-step 2 --num-generations 2 --grad-accum 2 --max-train-tasks 12")
 # The equality check: the one-call world, multi-turn (the calculator in TRL's tool loop), 4 x G = 4 episodes per step
 # in 2 micro-batches. Its reward, plus the length penalty: episodes differ in length, so the batch has a learning signal
 # where all are right, and each process's share carries tool replies masked out of the loss (tool_mask).
@@ -68,6 +71,11 @@ def test_the_shop_world_trains_multi_turn_on_two_cpu_processes(tmp_path):
     assert (tmp_path / "trl" / "adapter_config.json").exists()
     calls = [float(v) for v in re.findall(r"'tools/call_frequency': '([0-9.e-]+)'", out.stdout + out.stderr)]
     assert calls and max(calls) > 0, "TRL's tool loop made no tool call"
+
+
+def test_a_mix_of_worlds_trains_on_two_cpu_processes(tmp_path):
+    launch(shlex.split(MIX_COMMAND) + ["--output-dir", str(tmp_path / "trl")])
+    assert (tmp_path / "trl" / "adapter_config.json").exists()
 
 
 def test_two_processes_make_the_same_update_as_one(tmp_path):
@@ -168,3 +176,4 @@ def test_the_documented_command_is_the_one_tested():
         assert README_COMMAND in (ROOT / doc).read_text(), f"{doc} does not show {README_COMMAND!r}"
     for doc in ("README.md", "scripts/trl_multi_gpu.py"):
         assert SHOP_COMMAND in (ROOT / doc).read_text(), f"{doc} does not show {SHOP_COMMAND!r}"
+    assert MIX_COMMAND in (ROOT / "scripts" / "trl_multi_gpu.py").read_text()

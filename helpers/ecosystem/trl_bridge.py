@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import tempfile
 import warnings
 from dataclasses import replace
@@ -33,9 +34,10 @@ import torch
 from datasets import Dataset
 
 from helpers.config import TrainConfig
-from helpers.data import Task
+from helpers.data import Task, parse_mix
 from helpers.envs import LIMITS, new_env, tool_methods
 from helpers.grpo import collate, group_advantages, group_rewards, grpo_loss, lora_config
+from helpers.loop import is_mix
 from helpers.policy.vllm import quiet_torch_jit
 from helpers.rewards import get_reward, reward_name, safe_call
 from helpers.rollout import Trajectory
@@ -213,16 +215,27 @@ def trl_dataset(tasks: list[Task]):
     The rows go through Arrow (``datasets``), which our loop does not do: a metadata key that some
     tasks lack arrives as None in theirs, a dict column gets the union of all rows' keys (the
     missing ones None), and a column whose rows mix types cannot be built. The built-in worlds'
-    rows are uniform, so their envs see the same rows in both loops."""
-    return Dataset.from_list([task.row() for task in tasks])
+    rows are uniform, so their envs see the same rows in both loops. A mix of worlds (tasks that name their
+    environment) also gets TRL's ``environment`` column, which routes each row to its environment; its
+    worlds' columns are united, so a row gets None in the columns of the other worlds (their envs never see it)."""
+    rows = [{**task.row(), "environment": task.environment} if task.environment is not None else task.row() for task in tasks]
+    columns = dict.fromkeys(key for row in rows for key in row)  # every row's (from_list would keep the first row's only)
+    return Dataset.from_dict({column: [row.get(column) for row in rows] for column in columns})
 
 
-def environment_factory(config: TrainConfig) -> Callable | None:
+def environment_factory(config: TrainConfig) -> Callable | dict[str, Callable] | None:
     """TRL's ``environment_factory`` for ``config.env``: a function that makes the registered env,
     bare (``helpers.envs.new_env``, with the constructor's options of ``config.env_kwargs``), or
     None when that env has no tools (a single-turn world: TRL needs only the reward functions).
-    Our loop's adapter (``Episode``) and its limits stay out: TRL's tool loop does that part."""
+    Our loop's adapter (``Episode``) and its limits stay out: TRL's tool loop does that part.
+
+    A mixed dataset (``helpers.data.mix_datasets``) gets TRL's multi-environment form, the same dict our
+    loop's rollout picks from: ``{environment name: function}``, one per part, ``config.env_classes``
+    replacing a named one's class; TRL reads each row's ``environment`` column (``trl_dataset``)."""
     options = {key: value for key, value in config.env_kwargs.items() if key not in LIMITS}
+    if is_mix(config):
+        names = dict.fromkeys(environment for _, environment in parse_mix(config.dataset))
+        return {name: functools.partial(new_env, config.env_classes.get(name, name), **options) for name in names}
 
     def make():
         return new_env(config.env, **options)
@@ -247,10 +260,11 @@ def add_tool_parser(tokenizer) -> None:
 
 
 def grpo_trainer(config: TrainConfig, model, tokenizer, tasks: list[Task], output_dir: str | Path, processes: int = 1,
-                 environment: Callable | None = None, **overrides):
+                 environment: Callable | dict[str, Callable] | None = None, **overrides):
     """TRL's own ``GRPOTrainer`` on a workbook world: ``tasks`` as its dataset (``trl_dataset``),
     the preset's rewards, GRPO and LoRA settings, and, for a multi-turn world, ``environment``
-    as its ``environment_factory`` (an env class, or ``environment_factory(config)``): TRL then
+    as its ``environment_factory`` (an env class, ``environment_factory(config)``, or a dict of them by
+    environment name for a mix of worlds, each row routed by its ``environment`` column): TRL then
     runs the episodes itself, calling the env's tool methods and masking their replies out of
     the loss (``tool_mask``). ``overrides`` are TRL-only GRPOConfig options.
     """

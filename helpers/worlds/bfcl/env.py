@@ -61,9 +61,10 @@ from helpers.worlds.bfcl import official
 from helpers.worlds.bfcl.tasks import SUPPORTED, category_of, is_multi_turn, load_category, parse_member, tool_call_text
 
 
-def judge_results(category: str, results: list[dict]) -> list[dict]:
-    """BFCL's verdict on each ``{"id", "result"}`` of one category: ``{"id", "valid", "error_type", "error"}``."""
-    return official.call("judge", category=category, results=results)
+def judge_results(category: str, results: list[dict], model: str = official.MODEL) -> list[dict]:
+    """BFCL's verdict on each ``{"id", "result"}`` of one category: ``{"id", "valid", "error_type", "error"}``,
+    each result decoded by the handler of BFCL's ``model`` (``bfcl evaluate --model``'s)."""
+    return official.call("judge", model=model, category=category, results=results)
 
 
 def verdict_info(verdict: dict) -> dict:
@@ -247,22 +248,38 @@ def read_results(path: str | Path) -> dict[str, list[dict]]:
     return dict(by_category)
 
 
-def score_results(name: str, path: str | Path) -> dict:
+def score_results(name: str, path: str | Path, model: str | None = None) -> dict:
     """BFCL's per-category accuracy of a result file or folder, by BFCL's checker: what ``bfcl evaluate`` writes
     in each category's score file, ``{"accuracy", "correct_count", "total_count"}``, and the category's size
-    (``of``). ``name`` is ``bfcl`` (every category in the file) or ``bfcl/<category>`` (that one only)."""
+    (``of``). ``name`` is ``bfcl`` (every category in the file) or ``bfcl/<category>`` (that one only).
+
+    ``model`` names the BFCL model whose handler wrote the file and so decodes it, as ``bfcl evaluate --model``
+    does: a prompting handler (``Qwen/Qwen3-8B``) reads Python-call syntax, ``[f(a=1)]``; a function-calling one
+    (``Qwen/Qwen3-8B-FC``, the default ``official.MODEL``) reads Qwen's ``<tool_call>`` JSON. Without it, a file
+    whose entries mostly do not decode with the default handler is refused (a ``DatasetError`` saying how many
+    and what to pass), not scored 0."""
     results = read_results(path)
+    if model is not None and model not in official.call("models"):
+        raise DatasetError(f"--answers-model {model}: BFCL has no such model (bfcl_eval/constants/model_config.py "
+                           "lists them, e.g. Qwen/Qwen3-8B for Python-call syntax, Qwen/Qwen3-8B-FC for <tool_call> JSON)")
     if "/" in name:
         category, _ = parse_member(name.partition("/")[2])
         if category not in results:
             raise DatasetError(f"{path}: no {category} entries (it has {', '.join(sorted(results))})")
         results = {category: results[category]}
-    scores = {}
+    scores, undecoded = {}, 0
     for category, entries in sorted(results.items()):
-        correct = sum(v["valid"] for v in judge_results(category, entries))
+        verdicts = judge_results(category, entries, model or official.MODEL)
+        correct = sum(v["valid"] for v in verdicts)
+        undecoded += sum(v["decoded_calls"] == 0 for v in verdicts)  # a call-expecting entry the handler reads no call in
         scores[category] = {"accuracy": correct / len(entries), "correct_count": correct, "total_count": len(entries),
                             "of": len(load_category(category))}
-    return {"categories": scores}
+    total = sum(len(entries) for entries in results.values())
+    if model is None and undecoded > total / 2:
+        raise DatasetError(f"{path}: {undecoded} of {total} results did not decode with the default handler ({official.MODEL}, "
+                           "Qwen's <tool_call> JSON); --answers-model NAME chooses the BFCL model whose handler decodes them, "
+                           "as bfcl evaluate --model NAME does (e.g. Qwen/Qwen3-8B for Python-call syntax, [f(a=1)])")
+    return {"categories": scores, "answers_model": model or official.MODEL}
 
 
 def member_config(name: str) -> dict:

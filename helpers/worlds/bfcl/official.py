@@ -2,7 +2,9 @@
 
     python = ensure_venv()                      # ~/.cache/agentic-rl-workbook/bfcl-venv (BFCL_VENV to move it)
     call("judge", category="simple_python", results=[{"id": "simple_python_0", "result": "<tool_call>..."}])
+    call("judge", model="Qwen/Qwen3-8B", ...)   # the results decoded by another BFCL model's handler
     bfcl_evaluate({"simple_python": [...]})     # BFCL's own command line on the same results, offline
+    bfcl_evaluate({...}, model="Qwen/Qwen3-8B") # as `bfcl evaluate --model Qwen/Qwen3-8B`
 
 Why an environment of its own: ``bfcl-eval``'s checkers import its model-config table, which imports
 every provider's handler, which import their SDKs (anthropic, cohere, mistralai, google-genai,
@@ -99,9 +101,11 @@ def ensure_venv(quiet: bool = True) -> Path:
 
 
 class Worker:
-    """One ``worker.py`` process in the environment, started on the first request; one request at a time."""
+    """One ``worker.py`` process in the environment, started on the first request; one request at a time.
+    ``model``: the BFCL model whose handler decodes the results it judges (``bfcl evaluate --model``'s)."""
 
-    def __init__(self):
+    def __init__(self, model: str = MODEL):
+        self.model = model
         self.process: subprocess.Popen | None = None
         self.log = None
         self.lock = threading.Lock()
@@ -109,7 +113,7 @@ class Worker:
     def start(self) -> None:
         python = ensure_venv()
         self.log = tempfile.TemporaryFile("w+")  # BFCL's own prints and warnings; its tail is shown if the worker dies
-        self.process = subprocess.Popen([str(python), str(WORKER), MODEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([str(python), str(WORKER), self.model], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.log, text=True, bufsize=1)
 
     def request(self, op: str, **arguments) -> object:
@@ -139,18 +143,28 @@ class Worker:
         self.log.close()
 
 
-_WORKER = Worker()
-atexit.register(_WORKER.close)
+_WORKERS: dict[str, Worker] = {}  # model -> its worker: one process per handler this process has asked for
 
 
-def call(op: str, **arguments) -> object:
-    """One request to this process's worker: ``call("entries", category="simple_python")``."""
-    return _WORKER.request(op, **arguments)
+def _close_workers() -> None:
+    for worker in _WORKERS.values():
+        worker.close()
 
 
-def bfcl_evaluate(results: dict[str, list[dict]], timeout: float = 600) -> dict[str, dict]:
-    """BFCL's own ``bfcl evaluate`` on ``{category: result entries}``, offline, in a temporary project folder:
-    ``{category: {"accuracy", "correct_count", "total_count"}}``, read from the score files it writes.
+atexit.register(_close_workers)
+
+
+def call(op: str, model: str = MODEL, **arguments) -> object:
+    """One request to this process's worker for ``model`` (whose handler decodes results):
+    ``call("entries", category="simple_python")``. A model BFCL does not know is a ``RuntimeError`` naming it."""
+    if model not in _WORKERS:
+        _WORKERS[model] = Worker(model)
+    return _WORKERS[model].request(op, **arguments)
+
+
+def bfcl_evaluate(results: dict[str, list[dict]], timeout: float = 600, model: str = MODEL) -> dict[str, dict]:
+    """BFCL's own ``bfcl evaluate --model <model>`` on ``{category: result entries}``, offline, in a temporary
+    project folder: ``{category: {"accuracy", "correct_count", "total_count"}}``, read from the score files it writes.
 
     The results are written where it looks for them (``result/<model>/.../BFCL_v4_<category>_result.json``,
     under ``BFCL_PROJECT_ROOT``), and it runs with ``--partial-eval`` only when a file holds fewer entries
@@ -158,13 +172,13 @@ def bfcl_evaluate(results: dict[str, list[dict]], timeout: float = 600) -> dict[
     ensure_venv()
     sizes = {category: len(call("entries", category=category)["prompts"]) for category in results}
     with tempfile.TemporaryDirectory(prefix="bfcl-evaluate-") as root:
-        folder = Path(root) / "result" / MODEL.replace("/", "_")
+        folder = Path(root) / "result" / model.replace("/", "_")
         for category, entries in results.items():
             path = folder / category / f"BFCL_v4_{category}_result.json"  # any depth: the runner finds them with rglob
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
         partial = any(len(entries) < sizes[category] for category, entries in results.items())
-        command = [str(venv_dir() / "bin" / "bfcl"), "evaluate", "--model", MODEL, "--test-category", ",".join(results)]
+        command = [str(venv_dir() / "bin" / "bfcl"), "evaluate", "--model", model, "--test-category", ",".join(results)]
         run = subprocess.run(command + (["--partial-eval"] if partial else []), capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, "BFCL_PROJECT_ROOT": root}, cwd=root)
         if run.returncode != 0:

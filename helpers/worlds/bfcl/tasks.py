@@ -42,6 +42,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+from typing import Callable
 
 from helpers.data import DatasetError, Task, register_dataset_family
 from helpers.worlds.arithmetic.tasks import split_of
@@ -179,6 +180,13 @@ def tool_call_text(calls: list[tuple[str, dict]]) -> str:
     return "\n".join(f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>' for name, arguments in calls)
 
 
+def python_call_text(calls: list[tuple[str, dict]]) -> str:
+    """Calls in Python-call syntax, ``[f(a=1, b='x'), g()]``: what BFCL's prompting handlers (``Qwen/Qwen3-8B``, most
+    prompt-mode models) write and decode."""
+    return "[" + ", ".join(f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+                           for name, arguments in calls) + "]"
+
+
 def parse_call(text: str, signatures: dict[str, list[str]]) -> tuple[str, dict]:
     """A ground-truth call string, ``"mv(source='a', destination='b')"`` or ``"sort('a')"``, as (name, arguments);
     positional arguments take the simulator method's parameter names."""
@@ -191,18 +199,20 @@ def parse_call(text: str, signatures: dict[str, list[str]]) -> tuple[str, dict]:
     return name, arguments
 
 
-def reference_result(task: Task) -> object:
+def reference_result(task: Task, write: Callable[[list[tuple[str, dict]]], str] = tool_call_text) -> object:
     """The ``result`` a model that writes BFCL's ground truth would have: a text for a single-turn entry, a list
     of turns (each a list of one step's text) for a multi-turn entry. An irrelevance entry's is a reply without
-    a call; a live_relevance entry (which has no ground truth: any call counts) calls its first function."""
+    a call; a live_relevance entry (which has no ground truth: any call counts) calls its first function.
+    ``write`` spells the calls: ``tool_call_text`` (a function-calling handler's format) or ``python_call_text``
+    (a prompting handler's)."""
     category, truth = task.metadata["category"], task.metadata["ground_truth"]
     if "irrelevance" in category:
         return NO_CALL
     if category == "live_relevance":
-        return tool_call_text([(task.metadata["entry"]["function"][0]["name"], {})])
+        return write([(task.metadata["entry"]["function"][0]["name"], {})])
     if is_multi_turn(category):
         signatures = simulator_signatures()
-        return [[tool_call_text([parse_call(call, signatures) for call in turn])] if turn else [NO_CALL] for turn in truth]
+        return [[write([parse_call(call, signatures) for call in turn])] if turn else [NO_CALL] for turn in truth]
     docs = {function["name"]: function["parameters"] for function in task.metadata["entry"]["function"]}
     calls = []
     for call in truth:
@@ -211,7 +221,7 @@ def reference_result(task: Task) -> object:
             values = {key: chosen(options, documented=key in doc.get("properties", {}), required=key in doc.get("required", []))
                       for key, options in arguments.items()}
             calls.append((name, {key: concrete(value) for key, value in values.items() if value is not LEAVE_OUT}))
-    return tool_call_text(calls)
+    return write(calls)
 
 
 def broken_result(task: Task) -> object:

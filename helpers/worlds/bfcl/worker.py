@@ -13,13 +13,15 @@ own beyond the glue:
                generation reads them, and the possible answers
     judge      per result entry, the function ``bfcl evaluate`` runs on it (eval_runner's
                _evaluate_single_ast_entry, _evaluate_single_relevance_entry or
-               _evaluate_single_multi_turn_entry) with the handler of MODEL: {"id", "valid", "error"}
+               _evaluate_single_multi_turn_entry) with the handler of MODEL: {"id", "valid", "error", ...};
+               for an AST entry also how many calls the handler decoded (``decoded_calls``; None elsewhere)
     execute    one assistant step of a multi-turn episode on BFCL's simulators: the handler's
                decode_execute, then multi_turn_utils.execute_multi_turn_func_call (their state is kept
                under the episode's key, as BFCL's own inference keeps it under the model's name)
     release    forget an episode's simulator instances
     signatures the parameter names of every simulator method, in order (to write a positional
                ground-truth call, ``sort('final_report.pdf')``, as JSON arguments)
+    models     the model names BFCL knows (its model table), which choose a handler
 """
 
 import atexit
@@ -46,8 +48,12 @@ from bfcl_eval.eval_checker import eval_runner  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 from bfcl_eval.utils import is_java, is_js, is_multi_turn, is_relevance_or_irrelevance, load_dataset_entry, load_ground_truth_entry  # noqa: E402
 
-MODEL = sys.argv[1] if len(sys.argv) > 1 else "Qwen/Qwen3-0.6B-FC"  # whose handler decodes the results
-HANDLER = eval_runner.get_handler(MODEL)
+MODEL = sys.argv[1] if len(sys.argv) > 1 else "Qwen/Qwen3-0.6B-FC"  # whose handler decodes the results (bfcl evaluate --model)
+try:
+    HANDLER = eval_runner.get_handler(MODEL)
+except KeyError:  # not in BFCL's model table: every request answers so, in one line
+    HANDLER = None
+    UNKNOWN = f"BFCL has no model {MODEL!r} (bfcl_eval/constants/model_config.py lists them, e.g. Qwen/Qwen3-8B, Qwen/Qwen3-8B-FC)"
 RESULT_MODEL = MODEL.replace("/", "_")  # the model's folder name in result/, as eval_runner.runner passes it on
 
 
@@ -82,11 +88,23 @@ def judge(category, results):
                                        (Language.PYTHON, ReturnFormat.PYTHON))
             verdict = eval_runner._evaluate_single_ast_entry(HANDLER, entry_id, result["result"], copy.deepcopy(answers[entry_id]), prompt, RESULT_MODEL,
                                                              category, language=language, return_format=return_format, has_tool_call_tag=False)
+            verdict["decoded_calls"] = decoded_calls(result["result"], return_format)
         error = verdict.get("error")
         error_type = verdict.get("error_type") or (error.get("error_type") if isinstance(error, dict) else None)
         verdicts.append({"id": entry_id, "valid": bool(verdict["valid"]), "error_type": error_type,
-                         "error": None if verdict["valid"] else json.dumps(error, default=str)[:500]})
+                         "error": None if verdict["valid"] else json.dumps(error, default=str)[:500],
+                         "decoded_calls": verdict.get("decoded_calls")})
     return verdicts
+
+
+def decoded_calls(result, return_format):
+    """How many calls the handler reads in a single-turn result, as the AST checker decodes it (0: none, or it
+    cannot decode it): a file written for another handler reads as no calls at all."""
+    try:
+        decoded = HANDLER.decode_ast(result, return_format, False)
+    except Exception:
+        return 0
+    return len(decoded) if eval_runner.is_function_calling_format_output(decoded) else 0
 
 
 def execute(key, entry, text):
@@ -122,7 +140,12 @@ def signatures():
     return found
 
 
-OPS = {"entries": entries, "judge": judge, "execute": execute, "release": release, "signatures": signatures}
+def models():
+    """The names ``bfcl evaluate --model`` takes: BFCL's model table."""
+    return sorted(eval_runner.MODEL_CONFIG_MAPPING)
+
+
+OPS = {"entries": entries, "judge": judge, "execute": execute, "release": release, "signatures": signatures, "models": models}
 
 
 def main():
@@ -133,6 +156,8 @@ def main():
             continue
         try:
             request = json.loads(line)
+            if HANDLER is None:
+                raise LookupError(UNKNOWN)
             answer = {"ok": True, "value": OPS[request.pop("op")](**request)}
         except Exception as e:
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}

@@ -24,6 +24,7 @@ written for answers of a few hundred characters, and a few of them parse the ans
 
 from __future__ import annotations
 
+from helpers.envs import CalculatorEnv
 from helpers.envs.anchors import register_anchor, tool_history
 from helpers.envs.registry import register_env
 from helpers.benchmarks import Benchmark, register_benchmark
@@ -32,7 +33,7 @@ from helpers.worlds.reasoning_gym.tasks import score_reply
 
 
 class ReasoningGymEnv:
-    """Single turn: the first assistant turn is the answer, judged by the task's generator."""
+    """Single turn (no tools; ``ReasoningGymCalculatorEnv`` below adds the calculator): the first assistant turn is the answer, judged by the task's generator."""
 
     def __init__(self):
         self.generator, self.config, self.entry = "", {}, {}
@@ -55,8 +56,17 @@ class ReasoningGymEnv:
         return {**judged, "reward": judged["score"]}
 
 
+class ReasoningGymCalculatorEnv(ReasoningGymEnv, CalculatorEnv):
+    """A reasoning-gym question with the calculator as a tool: ``ReasoningGymEnv``'s reset and judging (the
+    generator's verifier on the last ``<answer>``), ``CalculatorEnv``'s ``calculator(expression)``. The
+    arithmetic generators (``products``, ``basic_arithmetic``) become the one-call world's kind of task,
+    judged by reasoning-gym: what the tiny market mixes (``helpers.worlds.market``)."""
+
+
 register_env("reasoning_gym", ReasoningGymEnv)
-register_anchor("reasoning_gym", tool_history)  # the answers so far and what came back: the state
+register_env("reasoning_gym_calculator", ReasoningGymCalculatorEnv)
+for _name in ("reasoning_gym", "reasoning_gym_calculator"):  # the answers and calls so far and what came back: the state
+    register_anchor(_name, tool_history)
 
 
 @register_reward("reasoning_gym")

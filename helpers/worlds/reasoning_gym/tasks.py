@@ -47,9 +47,9 @@ import math
 import numbers
 import re
 
-from helpers.data import DatasetError, Task, register_dataset_family
+from helpers.data import DatasetError, Task, register_dataset, register_dataset_family
 from helpers.hub import import_extra
-from helpers.worlds.arithmetic.tasks import SPLITS, split_of
+from helpers.worlds.arithmetic.tasks import SPLITS, TINY_SYSTEM, split_of
 
 EXTRA = "benchmarks"  # the pyproject extra that installs reasoning-gym
 CHUNK = 500  # entries drawn from one generator seed; the next chunk starts at seed + CHUNK (generators draw entry i from seed + i)
@@ -150,6 +150,16 @@ def reasoning_gym_dataset(member: str, split: str, n: int | None, seed: int) -> 
     (None: ``DEFAULT_SIZE``)."""
     generator, config = parse_member(member)
     return make_rg_tasks(generator, n if n is not None else DEFAULT_SIZE[split], seed=seed, split=split, config=config)
+
+
+@register_dataset("tiny-products")
+def tiny_products_dataset(split: str, n: int | None, seed: int) -> list[Task]:
+    """reasoning-gym's ``products`` generator with two-digit factors ("Solve the following multiplication:
+    87 * 64. Give only the result as your final answer."), under the one-call world's short system prompt
+    (``TINY_SYSTEM``) instead of reasoning-gym's 430-token one, which the tiny models never saw. Played by
+    ``reasoning_gym_calculator`` and judged by the generator's verifier: the tiny market's third world."""
+    return make_rg_tasks("products", n if n is not None else DEFAULT_SIZE[split], seed=seed, split=split,
+                         config={"max_digits": 2}, system=TINY_SYSTEM)
 
 
 # --- the verifier: the generator's own score_answer ------------------------------------------

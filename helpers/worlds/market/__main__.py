@@ -1,0 +1,3 @@
+from helpers.worlds.market.build import main
+
+main()
