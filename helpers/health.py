@@ -21,7 +21,8 @@ ENTROPY_FLOOR = 0.01  # nats/token: the policy samples (almost) one answer; expl
 REWARD_COLLAPSE_WINDOW = 3  # steps averaged when comparing the reward with its best so far
 REWARD_COLLAPSE_FRACTION = 0.5  # reward window below half of its best window...
 REWARD_COLLAPSE_MIN_BEST = 0.2  # ...after the run had reached at least this reward...
-REWARD_COLLAPSE_NOISE = 3.0  # ...and the fall is over 3 standard errors of the step rewards' own noise (below)
+REWARD_COLLAPSE_NOISE = 4.5  # ...and the fall is over 4.5 standard errors of the steps' own noise (window_noise): the best
+# of a few dozen noisy windows and a last window at its unluckiest differ by about 3 of them from luck alone
 TRUNCATION_LIMIT = 0.25  # more than a quarter of the episodes cut short by max_steps/max_tokens/timeout
 HEALTH_KINDS = ("kl_spike", "entropy_collapse", "reward_collapse", "all_zero_reward", "truncation")
 
