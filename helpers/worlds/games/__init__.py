@@ -10,29 +10,39 @@ Why a baseline per seat (role-conditioned advantage estimation, RAE; SPIRAL, Liu
 arXiv 2506.24119): the two seats of one game see different returns. In Kuhn poker player 1 moves
 first, shows more, and loses 1/18 chip per hand at the equilibrium; with a weak policy in both
 seats the gap can be larger. A move's advantage should say "better than this seat usually does",
-so each (game, seat) keeps its own baseline, an exponential moving average of its returns:
+so each (game, seat) keeps its own baseline, an exponential moving average of its games' returns. As in SPIRAL's
+code, once per game and seat, in the order the games were played, the baseline is read, then updated with the
+seat's return in that game:
 
-    b[game, seat] <- decay * b[game, seat] + (1 - decay) * mean R of the seat's moves this step
-    A(move)        = R(hand, seat of the move) - b[game, seat]
+    A(move)        = R(game, seat of the move) - b[game, seat]     # b as read before this game's update
+    b[game, seat] <- decay * b[game, seat] + (1 - decay) * R(game, seat)
 
-Worked example (decay 0.9, baselines before the step: seat 1 (player 1) -0.10, seat 2 +0.10):
+(decay ``rae_decay`` = 0.95, SPIRAL's ``role_baseline_ema_gamma``). Reading before updating keeps a game's own return
+out of the baseline its moves subtract (SPIRAL: "to be unbiased"); a seat that moves twice in a hand (pass, then
+call or fold) gets one update with the hand's return, and both its moves subtract the same baseline.
 
-    hand  move                         seat   R     baseline after the step          A = R - b
-    1     J: bet (a bluff)              1    -2    0.9*(-0.10) + 0.1*(-0.5) = -0.14   -1.86
-    1     K: bet (calls the bluff)      2    +2    0.9*(+0.10) + 0.1*(+0.5) = +0.14   +1.86
-    2     Q: pass (checked down)        1    +1    -0.14                              +1.14
-    2     J: pass (checked down)        2    -1    +0.14                              -1.14
+Worked example (a run's first step: both baselines start at 0, as SPIRAL's do; two hands):
 
-(the step's mean return: seat 1 (-2 + 1) / 2 = -0.5, seat 2 +0.5). Without RAE (``--rae false``)
-the advantage is the return itself, ``A = R``. A single baseline shared by both seats would be no
+    hand  move                         seat   R    b read   A = R - b   b after the hand
+    1     J: bet (a bluff)              1    -2    0        -2          0.95*0 + 0.05*(-2) = -0.10
+    1     K: bet (calls the bluff)      2    +2    0        +2          0.95*0 + 0.05*(+2) = +0.10
+    2     Q: pass (checked down)        1    +1    -0.10    +1.10       0.95*(-0.10) + 0.05*(+1) = -0.045
+    2     J: pass (checked down)        2    -1    +0.10    -1.10       0.95*(+0.10) + 0.05*(-1) = +0.045
+
+Without RAE (``--rae false``) the advantage is the return itself, ``A = R``. A single baseline shared by both seats would be no
 better: in self-play both seats' moves are in the batch, and their returns cancel hand by hand
 (zero-sum) but not move by move (the seats make different numbers of moves), so a shared mean lies
 between the seats' means and is right for neither (notebook 09, §2). What the runs measured with and without RAE is in notebooks/09_self_play.ipynb.
 
+Where this differs from SPIRAL's RAE, named: SPIRAL runs several actor processes, each with its own pair of
+baselines, where a run here keeps one pair; SPIRAL trains on a random subset of a step's moves (as many as its
+batch), this loop on every move; against a fixed opponent SPIRAL trains one seat per actor, where the control here
+alternates the policy's seat hand by hand (updating only that seat's baseline, as SPIRAL does); an illegal reply
+costs the player 2 chips and pays the other 2 (zero-sum), where SPIRAL gives -1.5 and +0.5.
+
 Why a KL penalty to the warm start as well (``beta``, the loop's KL term, TRL's name): gradient play in
 a zero-sum game need not settle at an equilibrium; it can circle or drift round it, since each seat's
-best move changes as the other's does (notebook 09 §4 shows a run without it drift back above its
-start, betting nearly every hand). Pulling toward a fixed reference policy, a "magnet", makes the
+best move changes as the other's does. Pulling toward a fixed reference policy, a "magnet", makes the
 last policy settle at a point between the reference and an equilibrium: the idea of magnetic mirror
 descent (Sokota et al. 2023, arXiv 2206.05825), in its simplest form. The control gets the same
 penalty, so the two runs differ by the opponent alone.

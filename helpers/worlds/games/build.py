@@ -3,6 +3,7 @@
     python -m helpers.worlds.games build                           # rebuild data/tiny-games/ from the seed (~3.5 min of CPU, one thread)
     python -m helpers.worlds.games baseline                        # its exact move table and strength
     python -m helpers.worlds.games compare RUN_A RUN_B [RUN_C ...]  # exact head to head of runs' final policies
+    python -m helpers.worlds.games keep RUN OUT.json --command "..."  # a run's summary, trimmed, for notebook 09
 
 The demonstrator is a cautious player (``BETS``): it bets its good cards, bluffs a J now and then,
 and folds too often when bet into. What it does depends on the card and on the betting so far:
@@ -116,11 +117,27 @@ def compare(run_dirs: list[str]) -> dict:
     return {a: {b: round(head_to_head(ta, tb), 4) for b, tb in tables.items() if b != a} for a, ta in tables.items()}
 
 
+def keep(run_dir: str | Path, command: str) -> dict:
+    """What notebook 09 reads of a run (``notebooks/runs_saved/games/*.json``): the command that made it, the exact
+    strength (before, after, the curve), the move tables, the held-out win rates, and per step the KL and the
+    sampled reward; the health warnings and the wall and CPU seconds."""
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "reward" in m]
+    return {"command": command, "opponent": summary["opponent"], "rae": summary["rae"], "strength": summary["strength"],
+            "tables": summary["tables"], "eval": {k: {"success": summary[k]["success"], "pass@1": summary[k]["pass@1"]} for k in ("before", "after")},
+            "kl": [round(m["kl"], 5) for m in steps], "reward": [round(m["reward"], 4) for m in steps],
+            "warnings": summary["warnings"], "wall_s": round(summary["wall_s"], 1), "cpu_s": round(summary["cpu_s"], 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.games", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["build", "baseline", "compare"],
-                        help="build: rebuild data/tiny-games; baseline: measure it; compare: head to head of run folders")
-    parser.add_argument("runs", nargs="*", help="compare: run folders (each with a summary.json)")
+    parser.add_argument("command", choices=["build", "baseline", "compare", "keep"],
+                        help="build: rebuild data/tiny-games; baseline: measure it; compare: head to head of run folders; "
+                             "keep: write a run's trimmed summary (keep RUN OUT.json --command ...)")
+    parser.add_argument("runs", nargs="*", help="compare: run folders (each with a summary.json); keep: a run folder and the file to write")
+    parser.add_argument("--command", dest="made_by", default="", help="keep: the command that made the run")
     parser.add_argument("--out", default=str(GAMES_DIR), help="folder to write (build) or read (baseline)")
     parser.add_argument("--steps", type=int, default=BUILD["steps"], help="SFT steps (build)")
     args = parser.parse_args(argv)
@@ -128,6 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         result = build(args.out, steps=args.steps)
     elif args.command == "baseline":
         result = baseline(*load_tiny(args.out))
+    elif args.command == "keep":
+        if len(args.runs) != 2 or not args.made_by:
+            parser.error("keep needs a run folder, the file to write and --command")
+        Path(args.runs[1]).write_text(json.dumps(keep(args.runs[0], args.made_by)) + "\n")
+        result = {"written": args.runs[1]}
     else:
         if len(args.runs) < 2:
             parser.error("compare needs at least two run folders")

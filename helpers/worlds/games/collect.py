@@ -1,7 +1,8 @@
 """Self-play's step in a two-player game: the policy plays both seats, each seat gets its own baseline.
 
-    hands = play_hands(policy, config, step)                     # both seats sampled from the current policy
-    advantages = rae_advantages(hands.chips, hands.seats, baselines)   # A = R - b[game, seat]: (N, 1)
+    hands = play_hands(policy, config, step)                             # both seats sampled from the current policy
+    read, baselines = update_baselines(baselines, hands.returns, decay)  # per hand and seat: read b, then update it
+    advantages = rae_advantages(hands.chips, baseline_of_each_move)      # A = R - b[game, seat]: (N, 1)
 
 ``GameCollector`` hands each step's moves to the training loop (``helpers.loop``) as one batch:
 every move the policy made is one single-turn episode (its prompt is the conversation of its seat
@@ -51,7 +52,7 @@ class GameConfig(TrainConfig):
     hands_per_step: int = 16  # hands of self-play per step (~2.2 moves each, every one trained); "warm"/"pool" play 2x
     opponent: str = "self"  # "self" (self-play), "warm" (the frozen warm start: the control), "pool" (past policies)
     rae: bool = True  # role-conditioned advantages A = R - b[game, seat]; False: A = R (no baseline)
-    rae_decay: float = 0.9  # the baselines are EMAs of each seat's returns: b <- decay * b + (1 - decay) * mean R
+    rae_decay: float = 0.95  # SPIRAL's: each seat's baseline is an EMA of its games' returns, b <- decay * b + (1 - decay) * R
     pool_every: int = 10  # "pool": a snapshot of the policy joins the pool every this many steps
 
 
@@ -60,31 +61,38 @@ class GameConfig(TrainConfig):
 # ----------------------------------------------------------------------------------------------
 
 
-def update_baselines(baselines: dict[str, float], chips, seats, decay: float) -> dict[str, float]:
-    """Each seat's baseline moves toward the mean return of that seat's moves this step (an EMA):
+def update_baselines(baselines: dict[str, float], returns: list[tuple[int, float]], decay: float):
+    """SPIRAL's role baselines, one game at a time: each (game, seat) is read, then moved toward the game's return.
 
-        b[game, seat] <- decay * b[game, seat] + (1 - decay) * mean(R of the seat's moves)
+        read      = b[game, seat]                                  # what this game's moves of the seat subtract
+        b[game, seat] <- decay * b[game, seat] + (1 - decay) * R   # then the update, with the seat's return R
 
-    chips: (N,) returns of the step's moves; seats: (N,) the seat that made each move.
-    A seat with no move this step keeps its baseline. Returns a new dict.
+    returns: one (seat, R) per game and trained seat, in the order the games were played (a seat that moves twice
+    in a hand still counts once). The baseline is read before its update, so a game's own return is not in the
+    baseline it subtracts (SPIRAL: "get the baseline before updating to be unbiased"). Returns (the baselines read,
+    one per entry of ``returns``; the new baselines, a new dict). A seat never seen starts at 0, as SPIRAL's EMA does.
+
+    >>> read, after = update_baselines({}, [(0, -2.0), (1, 2.0), (0, 1.0), (1, -1.0)], 0.95)
+    >>> [round(b, 3) for b in read], {key: round(b, 3) for key, b in after.items()}
+    ([0.0, 0.0, -0.1, 0.1], {'kuhn_poker/seat0': -0.045, 'kuhn_poker/seat1': 0.045})
     """
-    new = dict(baselines)
-    for seat in (0, 1):
-        mine = [r for r, s in zip(chips, seats) if s == seat]
-        if mine:
-            key = f"{GAME}/seat{seat}"
-            new[key] = decay * baselines.get(key, 0.0) + (1 - decay) * sum(mine) / len(mine)
-    return new
+    new, read = dict(baselines), []
+    for seat, R in returns:
+        key = f"{GAME}/seat{seat}"
+        read.append(new.get(key, 0.0))
+        new[key] = decay * read[-1] + (1 - decay) * R
+    return read, new
 
 
-def rae_advantages(chips, seats, baselines: dict[str, float] | None):
-    """``Advantages`` of shape (N, 1), one move per row: ``A = R - b[game, seat]`` (``baselines`` None: ``A = R``).
+def rae_advantages(chips, baselines=None):
+    """``Advantages`` of shape (N, 1), one move per row: ``A = R - b``, with ``baselines`` the (N,) baseline each move
+    subtracts (its seat's baseline as read for its game, ``update_baselines``); None: ``A = R`` (no RAE).
 
-    >>> rae_advantages([1.0, -1.0, 2.0], [0, 1, 1], {"kuhn_poker/seat0": -0.1, "kuhn_poker/seat1": 0.1}).advantages.flatten()
-    tensor([ 1.1000, -1.1000,  1.9000])
+    >>> rae_advantages([-2.0, 2.0, 1.0, -1.0], [0.0, 0.0, -0.1, 0.1]).advantages.flatten()
+    tensor([-2.0000,  2.0000,  1.1000, -1.1000])
     """
     R = torch.tensor(chips, dtype=torch.float32)  # (N,)
-    b = torch.tensor([(baselines or {}).get(f"{GAME}/seat{s}", 0.0) for s in seats], dtype=torch.float32)  # (N,)
+    b = torch.zeros_like(R) if baselines is None else torch.tensor(baselines, dtype=torch.float32)  # (N,)
     A = (R - b).unsqueeze(1)  # (N, 1): each move is its own "group" of one
     return Advantages(A, (A == 0).squeeze(1))  # (N,) a move with advantage exactly 0 carries no signal
 
@@ -106,6 +114,22 @@ class Hands:
     @property
     def chips(self) -> list[float]:
         return [t.reward for t in self.moves]
+
+    @property
+    def keys(self) -> list[tuple[int, int]]:
+        """(hand, seat) of each move."""
+        return list(zip(_hand_of(self.moves), self.seats))
+
+    @property
+    def trained(self) -> list[tuple[int, int]]:
+        """(hand, seat) of each trained seat of each hand, in hand order: both seats in self-play, the policy's
+        seat against a fixed opponent (SPIRAL trains, and keeps a baseline for, the online player only)."""
+        return [(h, s) for h, seat in enumerate(self.learner) for s in ((0, 1) if seat is None else (seat,))]
+
+    @property
+    def returns(self) -> list[tuple[int, float]]:
+        """(seat, chips won) of each trained seat of each hand (``trained``): what the role baselines learn from."""
+        return [(s, self.matches[h].returns()[s]) for h, s in self.trained]
 
 
 def sample_move(row: dict[str, float], rng: random.Random) -> str:
@@ -219,8 +243,9 @@ class GameCollector:
         opponent = {"self": None, "warm": self.warm, "pool": random.Random(step_seed(c.seed, step)).choice(self.pool)}[c.opponent]
         hands = play_hands(self.policy, c, step, opponent)
         t1 = time.perf_counter()
-        self.baselines = update_baselines(self.baselines, hands.chips, hands.seats, c.rae_decay)
-        advantages = rae_advantages(hands.chips, hands.seats, self.baselines if c.rae else None)  # (N, 1)
+        read, self.baselines = update_baselines(self.baselines, hands.returns, c.rae_decay)
+        of = dict(zip(hands.trained, read))  # (hand, seat) -> the baseline that hand's moves of the seat subtract
+        advantages = rae_advantages(hands.chips, [of[k] for k in hands.keys] if c.rae else None)  # (N, 1)
         illegal = [t.info.get("verdict") == "illegal_move" for t in hands.moves]
         metrics = {**reward_report(hands.moves).metrics(), **episode_stats(hands.moves), **measured,
                    "game/hands": len(hands.matches), "game/moves": len(hands.moves),

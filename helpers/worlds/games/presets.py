@@ -14,10 +14,12 @@ def tiny_kuhn() -> GameConfig:
     role-conditioned advantages. The same command with ``--opponent warm`` is the control (the frozen
     warm start in the other seat, 32 hands: as many of the policy's moves); ``--rae false`` drops the
     baselines; ``--opponent pool`` plays past policies. A KL penalty to the warm start (``beta``)
-    anchors both: plain self-play by gradient can drift round the equilibrium instead of settling
-    (notebook 09 §4 shows a run without it). Its weight, 0.1, is the one of 0.1 / 0.2 / 0.3 under
-    which self-play improved every measure over the warm start. The exact measures of strength are taken every
-    step; the held-out hands (120, against a random opponent) before and after.
+    anchors both: plain self-play by gradient can drift round the equilibrium instead of settling.
+    Its weight and the opponent were chosen on seeds 0-2 only, by a rule fixed before the runs were
+    read: the lowest mean exploitability at the end among self-play at beta 0.1 and 0.3 and the pool
+    of past policies at 0.1 (notebook 09 §4, which then compares with the control on seeds 3-5). The
+    exact measures of strength are taken every step; the held-out hands (120, against a random
+    opponent) before and after.
     """
     return GameConfig(
         model="data/tiny-games",  # the warm start: imitates a weak player (python -m helpers.worlds.games build)
@@ -28,7 +30,7 @@ def tiny_kuhn() -> GameConfig:
         env="kuhn_poker",
         env_max_steps=2,  # a player moves at most twice in a hand
         lr=2e-3,
-        beta=0.1,  # KL to the warm start: keeps self-play from drifting round the equilibrium (notebook 09 §4; the control has it too)
+        beta=0.3,  # KL to the warm start: keeps self-play from drifting round the equilibrium (chosen on seeds 0-2; the control has it too)
         lora_r=8,
         lora_alpha=16,
         steps=40,

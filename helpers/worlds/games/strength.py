@@ -96,6 +96,21 @@ def head_to_head(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]])
     return float((as_first + as_second) / 2)
 
 
+def best_response(table: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The table of a best response to ``table`` in both seats: at each state, the move that wins most against it
+    (OpenSpiel's ``BestResponsePolicy``; a pure strategy). Its head to head against ``table`` is the most any policy
+    wins from it, and the mean over the seats of what it wins is ``table``'s exploitability."""
+    from open_spiel.python.algorithms.best_response import BestResponsePolicy  # optional extra, as above
+
+    game, policy = load_game(), tabular_policy(table)
+    out = {}
+    for seat in (0, 1):
+        responder = BestResponsePolicy(game, seat, policy)
+        for key in responder.infosets:  # the seat's information states, as OpenSpiel writes them ("0pb")
+            out[key] = table_from_bets({key: float(MOVES[responder.best_response_action(key)] == "bet")})[key]
+    return out
+
+
 def illegal_mass(table: dict[str, dict[str, float]]) -> float:
     """The mean probability, over the 12 states, of a reply that plays no legal move."""
     return sum(row["illegal"] for row in table.values()) / len(table)
