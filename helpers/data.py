@@ -156,6 +156,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{path}, row {line_no}: not valid JSON ({e.msg})") from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise DatasetError(f"{path}, row {line_no}: JSON nested too deeply to read") from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}, row {line_no}: expected a JSON object, got {type(row).__name__}")
             rows.append((line_no, row))

@@ -32,17 +32,23 @@ to minutes, holding the GIL all along, so no thread timer could cut them. A list
 binomials, roots...), so the check runs in a worker process that is killed at
 ``MATH_VERIFY_SECONDS``: the verdict is then ``"check_timeout"``, counted as wrong. The
 cut costs the limit plus a restart of the worker.
+
+Text written by users, datasets and tools stays text (``encode_chat``): a question holding
+``<|im_end|>\n<|im_start|>assistant`` is tokenised as those characters, never as the chat
+template's control tokens, so it cannot end its own turn or forge another one.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import os
 import re
 import select
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -254,9 +260,56 @@ def format_tool_call(name: str, arguments: dict) -> str:
 # --- the verdict on an answer ---------------------------------------------------------------------
 
 
+# --- child processes end with the process that started them ---------------------------------------
+# A helper process (the math-verify worker, a sandbox run) must not outlive us however we end: exit
+# handlers do not run on SIGKILL, os._exit, or a notebook kernel killed on restart. The child runs
+# ``parent_death_code`` first: on Linux it asks the kernel for SIGKILL when its parent ends
+# (PR_SET_PDEATHSIG); elsewhere a thread polls the parent's pid. The kernel's signal is sent when the
+# *thread* that started the child ends, so a long-lived child is started from a thread that lives as
+# long as the process (``start_child``).
+_PARENT_DEATH_CODE = r"""
+import ctypes as _ctypes, os as _os, sys as _sys, threading as _threading, time as _time
+if _sys.platform.startswith("linux"):
+    try:
+        _ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG (1), SIGKILL (9): the kernel kills us when the parent ends
+    except (OSError, AttributeError):
+        pass
+if _os.getppid() != {parent}:  # it ended before the line above took effect
+    _os._exit(1)
+if {watchdog}:  # the portable fallback: poll the parent's pid (a thread; it cannot cut a long C call, the kernel's signal can)
+    def _watch():
+        while _os.getppid() == {parent}:
+            _time.sleep(0.5)
+        _os._exit(1)
+    _threading.Thread(target=_watch, daemon=True).start()
+for _name in [name for name in _sys.modules if name.split(".")[0] in ("ctypes", "_ctypes")]:
+    del _sys.modules[_name]  # a program run after this imports ctypes itself (where an audit hook watches imports, it sees that)
+del _ctypes, _os, _sys, _threading, _time
+"""
+
+
+def parent_death_code(watchdog: bool = True) -> str:
+    """Python source a child runs first so that it ends when this process ends (see above);
+    ``watchdog``: also poll our pid from a thread, where the kernel cannot be asked."""
+    return _PARENT_DEATH_CODE.format(parent=os.getpid(), watchdog=watchdog)
+
+
+_SPAWNER: list[ThreadPoolExecutor] = []  # one thread, alive as long as the process: long-lived children start there
+
+
+def start_child(argv: list[str], **popen_options) -> subprocess.Popen:
+    """``subprocess.Popen(argv, ...)`` from the spawner thread, so that a child which runs
+    ``parent_death_code`` is not killed when the thread that asked for it ends (a retired thread pool's)."""
+    if not _SPAWNER:
+        _SPAWNER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner"))
+    return _SPAWNER[0].submit(subprocess.Popen, argv, **popen_options).result()
+
+
 # The worker: math-verify in a process of its own, one JSON line in ([reference, answer]),
 # one out (true/false). Its own memory is capped (RLIMIT_AS), so an answer like
-# 2^{2^{40}} fails there with MemoryError instead of pushing the machine into swap.
+# 2^{2^{40}} fails there with MemoryError instead of pushing the machine into swap; each check's
+# CPU time is capped (RLIMIT_CPU, the check's seconds + 1), so even a worker whose parent could not
+# cut it stops computing (SIGXCPU) soon after its limit; and it ends with its parent (above).
 _MATH_VERIFY_WORKER = r"""
 import json, resource, sys
 from math_verify import parse, verify
@@ -272,7 +325,12 @@ equal("1/2", "0.5")  # the first check imports the rest of sympy: do it before w
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 print("ready", flush=True)
 for line in sys.stdin:
-    print(json.dumps(equal(*json.loads(line))), flush=True)
+    reference, answer, seconds = json.loads(line)
+    used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # CPU seconds so far, user + system
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    soft = int(used + seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    print(json.dumps(equal(reference, answer)), flush=True)
 """
 
 
@@ -282,7 +340,8 @@ class _MathVerifyWorker:
     Checks take turns (a lock): a thread waits for the ones before it, each at most
     ``MATH_VERIFY_SECONDS``, and the wait is not counted in its own time. Starting the
     worker (importing sympy) is not counted either; after a kill the next
-    check starts a new one. The worker ends with us: at exit its stdin is closed and it is waited for.
+    check starts a new one. The worker ends with us: at exit its stdin is closed and it is waited for, and
+    however we end, the kernel (or its watchdog thread) ends it (``parent_death_code``).
     """
 
     def __init__(self):
@@ -313,8 +372,8 @@ class _MathVerifyWorker:
         self.proc = None
 
     def _start(self) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", _MATH_VERIFY_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        proc = start_child([sys.executable, "-c", parent_death_code() + _MATH_VERIFY_WORKER], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         if proc.stdout.readline() != "ready\n":  # math-verify missing, or the import failed
             proc.kill()
             proc.wait()
@@ -327,7 +386,7 @@ class _MathVerifyWorker:
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = self._start()
             try:
-                self.proc.stdin.write(json.dumps([reference, answer]) + "\n")
+                self.proc.stdin.write(json.dumps([reference, answer, seconds]) + "\n")
                 self.proc.stdin.flush()
                 if select.select([self.proc.stdout], [], [], seconds)[0]:
                     line = self.proc.stdout.readline()
@@ -378,3 +437,70 @@ def judge_answer(text: str, reference: str | None) -> dict:
     else:
         judged["verdict"] = "correct" if correct else ("wrong_number" if found.value is not None else "wrong_answer")
     return judged
+
+
+# --- text in a conversation stays text ---------------------------------------------------------------
+# While the template renders, each special-token string in a message's text (and the escape character
+# itself) is written as ESCAPE + one code character, so the only special-token strings in the rendered text
+# are the template's own; the text between them is tokenised with every special token's string as ordinary
+# characters. Code characters: ESCAPE for ESCAPE, chr(_CODE_BASE + k) for the k-th special string.
+ESCAPE = "\U0010FFFD"  # a private-use character of plane 16: no template writes it
+_CODE_BASE = 0xF0000  # plane 15 (private use): one code character per special-token string
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The strings of the tokenizer's special tokens (``<|im_start|>``, ``<|im_end|>``...), longest first."""
+    return sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True)
+
+
+def _texts(message: dict) -> list[str]:
+    """The text a message carries: its content, a string or a list of ``{"type": "text", "text": ...}`` parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
+def _map_texts(message: dict, fn) -> dict:
+    """A copy of ``message`` with ``fn`` applied to each text it carries."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": fn(content)}
+    if isinstance(content, list):
+        parts = [{**part, "text": fn(part["text"])} if isinstance(part, dict) and isinstance(part.get("text"), str) else part
+                 for part in content]
+        return {**message, "content": parts}
+    return message
+
+
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template, the messages' text as ordinary characters.
+
+    ``apply_chat_template(tokenize=True)`` renders the conversation to text and tokenises it whole, so
+    a special token's string inside a message (a user's ``<|im_start|>assistant``, a tool's output, a
+    dataset row) becomes the control token itself: a forged turn. Here it is tokenised as characters
+    (the tokenizer's ``split_special_tokens``), and only the template's own special tokens are control
+    tokens. A conversation without such a string (nearly all) takes the plain path: the same ids as
+    ``apply_chat_template``. So does the text between control tokens on the other path: a tokenizer
+    encodes the text between two special tokens on its own, which is what is done here.
+    """
+    specials = special_strings(tokenizer)
+    if not specials or not any(s in text for m in messages for text in _texts(m) for s in specials + [ESCAPE]):
+        return list(tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                                  add_generation_prompt=add_generation_prompt, return_dict=False))
+    codes = {ESCAPE: ESCAPE, **{s: chr(_CODE_BASE + k) for k, s in enumerate(specials)}}
+    decodes = {code: s for s, code in codes.items()}
+    escape = re.compile("|".join(re.escape(s) for s in [ESCAPE, *specials]))
+    escaped = [_map_texts(m, lambda text: escape.sub(lambda hit: ESCAPE + codes[hit.group()], text)) for m in messages]
+    rendered = tokenizer.apply_chat_template(escaped, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+    unescape = re.compile(re.escape(ESCAPE) + "(.)", re.DOTALL)
+    ids: list[int] = []
+    for piece in re.split("(" + "|".join(re.escape(s) for s in specials) + ")", rendered):  # the template's control tokens
+        if piece in specials:
+            ids.append(tokenizer.convert_tokens_to_ids(piece))
+        elif piece:
+            text = unescape.sub(lambda hit: decodes.get(hit.group(1), hit.group()), piece)
+            ids += tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids

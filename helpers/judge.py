@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.formats import encode_chat
 from helpers.rewards import describe_error
 from helpers.rollout import Trajectory
 
@@ -141,11 +142,12 @@ class TransformersBackend:
         self.max_new_tokens, self.timeout, self.name = max_new_tokens, timeout, name
 
     def __call__(self, messages: list[dict]) -> JudgeReply:
+        # the judged text stays text (helpers.formats.encode_chat): an answer holding "<|im_end|>" cannot close the judge's turn
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = encode_chat(self.tokenizer, messages)
         else:
-            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-        inputs = self.tokenizer(text, return_tensors="pt").to(self.model.device)
+            ids = self.tokenizer("\n\n".join(m["content"] for m in messages) + "\n\n", split_special_tokens=True)["input_ids"]
+        inputs = {"input_ids": torch.tensor([ids], device=self.model.device), "attention_mask": torch.ones(1, len(ids), dtype=torch.long, device=self.model.device)}
         with torch.no_grad():
             out = self.model.generate(
                 **inputs, max_new_tokens=self.max_new_tokens, do_sample=False, max_time=self.timeout,

@@ -320,6 +320,15 @@ def record_error(traj: Trajectory, name: str, error: BaseException) -> str:
     return message
 
 
+def finite_total(traj: Trajectory, name: str, values: dict[str, float], total: float) -> tuple[float, str | None]:
+    """``total``, a (weighted) sum of the finite ``values``, and None; or, when the sum is not finite
+    (finite parts can still overflow: 1e308 * 2 = inf), 0.0 and the error, recorded in ``traj`` under ``name``
+    as ``safe_call`` records a part's own. The one rule for a sum of parts, here and on TRL's path."""
+    if math.isfinite(total):
+        return total, None
+    return 0.0, record_error(traj, name, OverflowError(f"weighted sum of {values} is {total}"))
+
+
 @dataclass
 class CombinedReward:
     """A weighted sum of rewards: ``reward = sum_k weight_k * part_k``.
@@ -349,10 +358,9 @@ class CombinedReward:
                 self.errors[name] += 1
             values.update(got)
             total += weight * sum(got.values())
-        if not math.isfinite(total):  # finite parts can still overflow: 1e308 * 2 = inf
+        total, error = finite_total(traj, self.name, values, total)
+        if error:
             self.errors[self.name] += 1
-            record_error(traj, self.name, OverflowError(f"weighted sum of {values} is {total}"))
-            total = 0.0
         traj.reward_parts = values
         traj.reward = total
         return total

@@ -120,7 +120,7 @@ from tqdm.auto import tqdm
 from helpers.data import Task, read_jsonl, write_jsonl
 from helpers.envs import Episode, make_env
 from helpers.envs.episode import steps_timed_by_caller
-from helpers.formats import parse_tool_calls
+from helpers.formats import encode_chat, parse_tool_calls
 from helpers.policy.base import Generation, Policy, SamplingParams
 
 
@@ -225,10 +225,9 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
-    """Token ids of ``messages`` through the tokenizer's chat template."""
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
-    )
+    """Token ids of ``messages`` through the tokenizer's chat template; the messages' text is ordinary
+    characters, never a control token (``helpers.formats.encode_chat``: a user's ``<|im_start|>`` cannot open a turn)."""
+    return encode_chat(tokenizer, messages, tools, add_generation_prompt)
 
 
 def observation_tokens(
@@ -535,7 +534,7 @@ def _append_turns(episodes: list[_Episode], generations: list[Generation], budge
     bodies = [ids[:-1] if ids and ids[-1] == eos else ids for ids, _, _ in turns]
     distinct = list(dict.fromkeys(map(tuple, bodies)))
     texts = tokenizer.batch_decode([list(body) for body in distinct], skip_special_tokens=False)
-    again = tokenizer(texts, add_special_tokens=False)["input_ids"]  # TITO check: the sampled tokens back?
+    again = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # TITO check: the sampled tokens back? (as render reads the text)
     decoded = {body: (text, list(body) != encoded) for body, text, encoded in zip(distinct, texts, again)}  # -> (text, drifted)
 
     for ep, (token_ids, logprobs, finish_reason), body in zip(episodes, turns, bodies):

@@ -128,6 +128,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from helpers.formats import parent_death_code
+
 _MB = 1 << 20
 _SIGNALS = {sig.value for sig in signal.Signals}
 SANDBOX_UID = 65534  # the code's uid inside its user namespace ("nobody"), when we are not root
@@ -687,6 +689,13 @@ def run_python(code: str, files: dict[str, str] | None = None, stdin: str = "", 
     return result
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8, a lone surrogate (``"\\ud800"``, which no UTF-8 holds) written as its bytes all the
+    same: the program then meets text it cannot decode (a ``SyntaxError`` for code), the code's own failure,
+    where refusing to write it would read as the sandbox's."""
+    return text.encode("utf-8", errors="surrogatepass")
+
+
 def _config(limits: Limits, uid: int | None, cwd: str) -> str:
     """The launcher's settings (JSON): who to become, where to run, the rlimits, the hook."""
     return json.dumps({
@@ -707,8 +716,8 @@ def _config(limits: Limits, uid: int | None, cwd: str) -> str:
 def _run_isolated(python: str, files: dict[str, str], stdin: str, limits: Limits, cgroups: list[str], uid: int | None,
                   start: float) -> SandboxResult:
     """The run behind bwrap: the files in memory, copied by bwrap into the episode's tmpfs."""
-    inputs = {name: _memory_file(text.encode("utf-8")) for name, text in files.items()}
-    seccomp, stdin_file = _memory_file(_seccomp_program()), _memory_file(stdin.encode("utf-8"))
+    inputs = {name: _memory_file(_utf8(text)) for name, text in files.items()}
+    seccomp, stdin_file = _memory_file(_seccomp_program()), _memory_file(_utf8(stdin))
     info_read, info_write = os.pipe()  # bwrap writes {"child-pid": N} here: the namespace's first process, as we see it
     launcher = [python, "-I", *([] if limits.site_packages else ["-S"]), "-c", _LAUNCHER, _config(limits, uid, SANDBOX_DIR)]
     argv = [*_bwrap_argv(python, limits, inputs, seccomp), "--info-fd", str(info_write), *launcher]
@@ -741,12 +750,14 @@ def _run_unsafe(python: str, files: dict[str, str], stdin: str, limits: Limits, 
     workdir = tempfile.mkdtemp(prefix=_owner())
     try:
         for name, text in files.items():
-            Path(workdir, name).write_text(text, encoding="utf-8")
-        argv = [python, "-I", *([] if limits.site_packages else ["-S"]), "-c", _LAUNCHER, _config(limits, None, workdir)]
+            Path(workdir, name).write_bytes(_utf8(text))
+        # no bwrap --die-with-parent here: the launcher asks the kernel itself to end it with us (a sleeping program spends no CPU time)
+        launcher = parent_death_code(watchdog=False) + _LAUNCHER
+        argv = [python, "-I", *([] if limits.site_packages else ["-S"]), "-c", launcher, _config(limits, None, workdir)]
         if cgroups:
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *cgroups, "--", *argv]
         with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe we write: it need not be read
-            stdin_file.write(stdin.encode("utf-8"))
+            stdin_file.write(_utf8(stdin))
             stdin_file.seek(0)
             try:
                 proc = subprocess.Popen(argv, cwd=workdir, env={}, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -39,7 +39,7 @@ from helpers.envs import LIMITS, new_env, tool_methods
 from helpers.grpo import collate, group_advantages, group_rewards, grpo_loss, lora_config
 from helpers.loop import is_mix
 from helpers.policy.vllm import quiet_torch_jit
-from helpers.rewards import get_reward, reward_name, safe_call
+from helpers.rewards import finite_total, get_reward, reward_name, safe_call
 from helpers.rollout import Trajectory
 from helpers.worlds.tinymodel import CHAT_TEMPLATE
 
@@ -176,7 +176,8 @@ def to_trl_reward_func(fn) -> Callable[..., list[float]]:
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             row = {k: v[i] for k, v in columns.items()}
             traj = trajectory_from_text(prompt, completion, row, completion_ids[i] if completion_ids else None, i)
-            out.append(sum(safe_call(fn_, name, traj)[0].values()))
+            parts = safe_call(fn_, name, traj)[0]
+            out.append(finite_total(traj, name, parts, sum(parts.values()))[0])  # a dict whose parts overflow: 0, an error
         return out
 
     trl_reward.__name__ = name

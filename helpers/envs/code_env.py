@@ -92,7 +92,7 @@ request = json.loads(sys.stdin.readline())
 token, seconds = request["token"], request["seconds"]
 calls = [(name, [ast.literal_eval(arg) for arg in args]) for name, args in request["calls"]]
 del request
-with open("solution.py") as f:
+with open("solution.py", "rb") as f:  # bytes: compile() decodes them; text that is not UTF-8 is then the solution's SyntaxError
     source = f.read()
 
 class TestTimeout(BaseException):
@@ -159,6 +159,13 @@ class CodeTest:
 
 def parse_test(source: str) -> CodeTest:
     """``"assert f(1, [2]) == 3"`` -> CodeTest; ``ValueError`` saying what is wrong with any other shape."""
+    try:
+        return _parse_test(source)
+    except (RecursionError, MemoryError):  # Python's parser and ast helpers recurse: a test nested thousands deep exhausts them
+        raise ValueError(f"a test must be plain Python literals; {source[:60]!r}... is nested too deeply to read") from None
+
+
+def _parse_test(source: str) -> CodeTest:
     shape = "a test must read 'assert f(literal, ...) == literal' or 'assert f(...) is True/False/None'"
     try:
         (node,) = ast.parse(source).body
@@ -199,8 +206,9 @@ def code_task(row: dict, where: str) -> Task:
     missing = [k for k in ("id", "entry_point", "signature", "description", "tests") if k not in row]
     if missing:
         raise DatasetError(f"{where}: code task is missing {missing}")
-    if not isinstance(row["id"], str) or not row["id"]:
-        raise DatasetError(f"{where}: 'id' must be a non-empty string, got {type(row['id']).__name__} {row['id']!r}")
+    for key in ("id", "entry_point", "signature", "description"):  # text for the prompt: null would print as "None"
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise DatasetError(f"{where}: {key!r} must be a non-empty string, got {type(row[key]).__name__} {str(row[key])[:60]!r}")
     tests = row["tests"]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         raise DatasetError(f"{where}: 'tests' must be a non-empty list of assert strings, got {type(tests).__name__} {str(tests)[:60]!r}")

