@@ -240,3 +240,20 @@ def test_escape_demo_is_shown_not_run_without_the_boundary(capsys):
     out = capsys.readouterr().out
     assert ran == [], "the escape demo ran hostile code without the OS boundary"
     assert "NOT RUN" in out and "apt-get install bubblewrap" in out and "1.1.1.1" in out
+
+
+def test_a_served_agent_started_by_a_killed_process_ends_with_it(tmp_path):
+    """The server and the online trainer are children of whoever started them (a notebook kernel, the simulation):
+    killed with SIGKILL, that process leaves no server behind (5 s later)."""
+    script = ("import sys, time; from helpers.serve.process import ServiceProcess\n"
+              f"child = ServiceProcess('serve', {str(tmp_path / 'store.db')!r}).start()\n"
+              "print(child.process.pid, flush=True); time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), f"server {child} outlived its killed parent"

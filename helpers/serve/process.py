@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from helpers.formats import parent_death_code, start_child
 from helpers.paths import ROOT, in_repo
 from helpers.serve.config import ADMIN_TOKEN_ENV
 from helpers.serve.store import SQLiteStore
@@ -37,17 +38,21 @@ class ServiceProcess:
 
     def __init__(self, command: str, store: str | Path, extra: list[str] | None = None, log: str | Path | None = None,
                  env: dict[str, str] | None = None):
-        self.args = [sys.executable, "-m", "helpers.serve", command, "--store", str(store), *(extra or [])]
+        self.arguments = [command, "--store", str(store), *(extra or [])]
+        self.args = [sys.executable, "-m", "helpers.serve", *self.arguments]  # what it runs, as a command line
         self.store_path = Path(store)
         self.log_path = Path(log) if log else Path(store).with_name(f"{command}.log")
         self.env = env or {}  # added to this process's environment
         self.process: subprocess.Popen | None = None
 
     def start(self):
+        """Start the child. It runs ``parent_death_code`` first, so it ends with this process however this one ends
+        (SIGKILL, SIGTERM, a notebook kernel killed on restart), then ``python -m helpers.serve`` with the same arguments."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(self.log_path, "a")
-        self.process = subprocess.Popen(self.args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+        run = parent_death_code() + "\nimport runpy\nrunpy.run_module('helpers.serve', run_name='__main__', alter_sys=True)\n"
+        self.process = start_child([sys.executable, "-c", run, *self.arguments], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         return self
 
     def alive(self) -> bool:
