@@ -29,6 +29,7 @@ SANDBOXED = {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3
 KWARGS = {"code": SANDBOXED, "humaneval": {**SANDBOXED, "timeout": 1.0}}
 # The benchmark and game worlds' envs play a task of their own dataset (an extra: skipped without it, failed in CI).
 BENCHMARK_DATASETS = {"humaneval": "humaneval", "reasoning_gym": "reasoning_gym/products:max_digits=2", "kuhn_poker": "kuhn_poker",
+                      "reasoning_gym_calculator": "tiny-products",
                       "bfcl": "bfcl/simple_python", "bfcl_multiturn": "bfcl/multi_turn_base:GorillaFileSystem"}
 
 
