@@ -42,8 +42,10 @@ def batch_from_rng(trainer, position: int) -> list[Trajectory]:
             logprobs = [0.0] * 5 + (-np.random.rand(n) * 3 - 2).tolist()  # old log-probs: ratios far from 1
             mask = [0] * 5 + [1] * n
             mask[5 + n // 2] = logprobs[5 + n // 2] = 0  # a tool's token: two turns, for GiGPO's per-turn advantages
+            messages = [{"role": "user", "content": f"tokens {prompt}"}, {"role": "assistant", "content": f"tokens {ids[5:5 + n // 2]}"},
+                        {"role": "tool", "content": "result"}, {"role": "assistant", "content": f"tokens {ids[6 + n // 2:]}"}]
             out.append(Trajectory(task=task, group=g, token_ids=ids, mask=mask, logprobs=logprobs,
-                                  prompt_len=5, reward=float(torch.rand(()))))
+                                  prompt_len=5, reward=float(torch.rand(())), messages=messages))
     return out
 
 
