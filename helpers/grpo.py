@@ -169,8 +169,8 @@ def group_rewards(trajectories) -> torch.Tensor:
 # (``helpers.envs.anchors``): by default the tool calls so far in canonical form with their results,
 # so two episodes that made the same calls in other words (spacing, key order, another tokenisation)
 # share a step group; a world with a smaller state (where the agent stands, say) groups every turn
-# taken from that state, however the episode got there. ``compute_advantages`` passes the
-# config's env's anchor; the conversation's tokens would split a group on any difference in wording.
+# taken from that state, however the episode got there. ``compute_advantages`` passes the config's
+# env (each task's own in a mix); the conversation's tokens would split a group on any difference in wording.
 #
 # Named simplifications, against verl-agent's gigpo/core_gigpo.py (the reference implementation):
 # - the reward comes once, at the end (the outcome reward; the env's step rewards are not used),
@@ -179,7 +179,7 @@ def group_rewards(trajectories) -> torch.Tensor:
 #   default computes its mean and std over the group's *turns* (each episode counted K times);
 # - exact matching only (verl-agent can also cluster similar text observations);
 # - the discount counts turns (K_i - 1 - k), as verl-agent's; a step that does not change the state
-#   (an error message, a locked door) is a turn like any other.
+#   (an error message) is a turn like any other.
 # - ``scale_rewards="batch"`` has no step-level meaning here and is refused.
 
 
