@@ -8,19 +8,10 @@ of what is trained (the learning rate) is still refused in one line.
 import json
 
 import pytest
-import torch
 
 from helpers.config import get_preset
 from helpers.live import LiveCurves
 from helpers.train import main, train
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def flags(out_dir, *more):

@@ -4,7 +4,6 @@ in its own env (the rollout takes TRL's dict of factories), and the run is repor
 import json
 
 import pytest
-import torch
 
 import helpers.train
 from helpers.data import DatasetError, load_dataset, parse_mix
@@ -17,14 +16,6 @@ from helpers.worlds.market.presets import MIX
 from helpers.worlds.tinymodel import load_tiny
 
 FIXTURES = ROOT / "tests" / "fixtures"  # my_calculator.py: a calculator that imports nothing from helpers
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_mix_names_its_parts_and_each_tasks_environment():
