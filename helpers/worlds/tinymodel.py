@@ -44,6 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from helpers.paths import TINY_DIR, in_repo
+from helpers.sft import encode_conversations, train_sft
 
 # --- tokenizer -----------------------------------------------------------------------------
 
@@ -217,6 +218,23 @@ def start_build(defaults: dict, overrides: dict) -> tuple[dict, BuildClock]:
     torch.set_num_threads(recipe.get("threads", 1))
     torch.manual_seed(recipe["seed"])
     return recipe, clock
+
+
+def sft_new_model(conversations: list[list[dict]], tools: list[dict] | None, recipe: dict, progress: bool = True):
+    """A new tiny model taught ``conversations`` by SFT, as the from-scratch builds make one: a tokenizer
+    fitted to them (at most ``recipe["vocab_size"]``), a new model from ``recipe["seed"]`` (started from the
+    one-call world's weights when ``recipe["warm_start"]``, see ``warm_start``), then ``recipe["steps"]`` SFT
+    steps (``helpers.sft.train_sft``). Returns (model, tokenizer, examples, losses per step)."""
+    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe.get("vocab_size", VOCAB_SIZE))
+    model = new_model(tokenizer, recipe["seed"])
+    if recipe.get("warm_start"):
+        warm_start(model, tokenizer)
+    examples = encode_conversations(tokenizer, conversations, tools)
+    losses = train_sft(
+        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
+    )
+    return model, tokenizer, examples, losses
 
 
 def finish_build(out: str | Path, model, tokenizer, recipe: dict, losses: list[float], clock: BuildClock,

@@ -19,19 +19,12 @@ from helpers.paths import TINY_DIR
 from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rollout import rollout
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.arithmetic.tasks import (
     calculator_tools,
     demonstration,
     make_tiny_tasks,
 )
-from helpers.worlds.tinymodel import (
-    finish_build,
-    load_tiny,
-    new_model,
-    start_build,
-    train_tokenizer,
-)
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds.arithmetic build` runs exactly this
     seed=0,
@@ -53,13 +46,7 @@ def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dic
     tasks = make_tiny_tasks(recipe["train_tasks"], recipe["seed"], "train")
     coin = random.Random(recipe["seed"])
     conversations = [demonstration(task, use_tool=coin.random() < recipe["tool_fraction"]) for task in tasks]
-    tokenizer = train_tokenizer(conversations, tools)
-    model = new_model(tokenizer, recipe["seed"])
-    examples = encode_conversations(tokenizer, conversations, tools)
-    losses = train_sft(
-        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
-    )
+    model, tokenizer, _, losses = sft_new_model(conversations, tools, recipe, progress)
     measured = baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"])
     measured["greedy"] = baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0)
     return finish_build(out, model, tokenizer, recipe, losses, clock, measured, loss_every=25)

@@ -33,10 +33,9 @@ import random
 from pathlib import Path
 
 from helpers.paths import ROOT
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.games.game import DEALS, MOVES, Match, conversation, information_states, reply_for
 from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
-from helpers.worlds.tinymodel import finish_build, load_tiny, new_model, start_build, train_tokenizer
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 GAMES_DIR = ROOT / "data" / "tiny-games"
 BETS = {  # the demonstrator's probability of bet (or call), by the moves so far, for J, Q, K
@@ -84,11 +83,7 @@ def build(out: str | Path = GAMES_DIR, progress: bool = True, **overrides) -> di
     measure it (``baseline``), write ``out/baseline.json``; return the baseline."""
     recipe, clock = start_build(BUILD, overrides)
     conversations = demonstrations(recipe["hands"], recipe["seed"])
-    tokenizer = train_tokenizer(conversations, None, vocab_size=recipe["vocab_size"])
-    model = new_model(tokenizer, recipe["seed"])
-    examples = encode_conversations(tokenizer, conversations)
-    losses = train_sft(model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-                       decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress)
+    model, tokenizer, examples, losses = sft_new_model(conversations, None, recipe, progress)
     return finish_build(out, model, tokenizer, recipe, losses, clock, {**baseline(model, tokenizer), "examples": len(examples)})
 
 

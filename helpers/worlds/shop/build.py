@@ -24,17 +24,9 @@ from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rewards import outcome
 from helpers.rollout import rollout
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.shop.env import ShopEnv
 from helpers.worlds.shop.tasks import BILLS, EPISODE, PRICES, make_agent_tasks
-from helpers.worlds.tinymodel import (
-    finish_build,
-    load_tiny,
-    new_model,
-    start_build,
-    train_tokenizer,
-    warm_start,
-)
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 AGENT_DIR = ROOT / "data" / "tiny-agent"
 
@@ -152,15 +144,7 @@ def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> di
     flaws = [demonstrator_flaw(task, rng) for task in tasks]
     conversations = [demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
     tools = tool_schemas(ShopEnv())  # the template lists them usual, lookup, calculator whatever their order here
-    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe["vocab_size"])
-    model = new_model(tokenizer, recipe["seed"])
-    if recipe["warm_start"]:
-        warm_start(model, tokenizer)
-    examples = encode_conversations(tokenizer, conversations, tools)
-    losses = train_sft(
-        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
-    )
+    model, tokenizer, examples, losses = sft_new_model(conversations, tools, recipe, progress)
     measured = {
         "greedy": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
         "sampled": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=1.0),

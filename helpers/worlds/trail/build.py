@@ -24,8 +24,7 @@ from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rewards import outcome
 from helpers.rollout import rollout
-from helpers.sft import encode_conversations, train_sft
-from helpers.worlds.tinymodel import finish_build, load_tiny, new_model, start_build, train_tokenizer, warm_start
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 from helpers.worlds.trail.env import TrailEnv, current_room
 from helpers.worlds.trail.tasks import EPISODE, make_trail_tasks
 
@@ -115,15 +114,7 @@ def build(out: str | Path = TRAIL_DIR, progress: bool = True, **overrides) -> di
     rng = random.Random(recipe["seed"])
     conversations = [demonstration(task, rng) for task in tasks]
     tools = tool_schemas(TrailEnv())
-    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe["vocab_size"])
-    model = new_model(tokenizer, recipe["seed"])
-    if recipe["warm_start"]:
-        warm_start(model, tokenizer)
-    examples = encode_conversations(tokenizer, conversations, tools)
-    losses = train_sft(
-        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
-    )
+    model, tokenizer, examples, losses = sft_new_model(conversations, tools, recipe, progress)
     measured = {
         "greedy": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
         "sampled": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=1.0),
