@@ -1,7 +1,7 @@
 """The trail world's warm start: a demonstrator with one bad habit in the middle room, SFT from the one-call model.
 
     python -m helpers.worlds.trail build       # rebuild data/tiny-trail/ from the seed (minutes on a CPU)
-    python -m helpers.worlds.trail baseline    # held-out success at T=1 (--temperature 0: greedy), failures by kind
+    python -m helpers.worlds.trail baseline    # held-out success, greedy and at T=1, failures by kind
 
 Why the warm start is weak where it is: the world's docstring, ``helpers.worlds.trail``.
 """
@@ -139,13 +139,13 @@ def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, spli
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m helpers.worlds.trail", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["build", "baseline"], help="build: rebuild data/tiny-trail from the seed; baseline: measure it")
+    parser.add_argument("command", choices=["build", "baseline"],
+                        help="build: rebuild data/tiny-trail from the seed; baseline: measure it, greedy and sampled")
     parser.add_argument("--out", default=str(TRAIL_DIR), help="folder to write (build) or read (baseline)")
     parser.add_argument("--steps", type=int, default=BUILD["steps"], help="SFT steps (build)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (baseline); 0 = greedy")
     args = parser.parse_args(argv)
     if args.command == "build":
-        result = build(args.out, steps=args.steps)
+        print(json.dumps(build(args.out, steps=args.steps), indent=2))
     else:
-        result = baseline(*load_tiny(args.out), temperature=args.temperature)
-    print(json.dumps(result, indent=2))
+        model, tokenizer = load_tiny(args.out)
+        print(json.dumps({"greedy": baseline(model, tokenizer, temperature=0.0), "sampled": baseline(model, tokenizer)}, indent=2))
