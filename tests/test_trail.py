@@ -90,6 +90,8 @@ def test_the_anchor_is_the_room_so_revisits_share_a_step_group(task):
     assert len(groups) == ROOMS + 1  # six rooms and the exit
     assert step_group_metrics(groups)["step_groups/later_turns_nontrivial"] > 0
     assert current_room([]) == "room 1" and current_room([{"role": "tool", "content": "exit: code 12"}]) == "exit"
+    in_room_2 = [{"role": "tool", "content": "room 2: red gold blue. sign: gold"}]
+    assert current_room(in_room_2 + [{"role": "tool", "content": "error: malformed JSON in tool call"}]) == "room 2"  # still there
 
 
 def test_the_demonstrator_loops_in_the_middle_room_only():

@@ -74,14 +74,16 @@ ROOM = re.compile(r"\broom (\d+)\b")
 
 def current_room(history: list[dict]) -> str:
     """The trail's anchor state: the room the agent is in after ``history`` ("room 4", or "exit"), read
-    off the env's last reply (room 1 before any). Every reply names the room the agent is left in."""
+    off the env's last reply that names one (room 1 before any). Every reply of ``go`` names the room the
+    agent is left in; a reply that names none (a call that did not parse) left the agent where it was."""
     for message in reversed(history):
         if message["role"] == "tool":
             text = message.get("content") or ""
             if text.startswith("exit") or "at the exit" in text:
                 return "exit"
             found = ROOM.search(text)
-            return f"room {found.group(1)}" if found else text
+            if found:
+                return f"room {found.group(1)}"
     return "room 1"
 
 
