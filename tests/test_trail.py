@@ -15,6 +15,7 @@ from helpers.policy.base import ScriptedPolicy
 from helpers.rollout import rollout
 from helpers.worlds.trail.build import HABIT_ROOM, TRAIL_DIR, build, demonstration, failure_kind, middle_tries
 from helpers.worlds.trail.env import TrailEnv, current_room
+from helpers.worlds.trail.presets import SUCCESS_BAR
 from helpers.worlds.trail.tasks import EPISODE, ROOMS, make_trail_tasks
 from helpers.worlds.tinymodel import load_tokenizer
 
@@ -118,9 +119,11 @@ def test_a_looping_agent_runs_out_of_turns_in_the_middle(task):
 
 def test_shipped_baseline_is_weak_in_the_middle():
     result = json.loads((TRAIL_DIR / "baseline.json").read_text())
-    assert result["greedy"]["temperature"] == 0.0 and result["greedy"]["success"] <= 0.5, result["greedy"]
-    assert result["greedy"]["failures"].get("stuck_middle", 0) >= result["greedy"]["n"] / 3  # the habit, under greedy
-    assert result["sampled"]["success"] > result["greedy"]["success"]  # sampling finds the way often enough to learn from
+    greedy = result["greedy"]
+    assert greedy["temperature"] == 0.0 and greedy["success"] < SUCCESS_BAR, greedy  # something to learn
+    failed = greedy["n"] - round(greedy["success"] * greedy["n"])
+    assert greedy["failures"].get("stuck_middle", 0) >= 0.75 * failed, greedy  # and it is room 4's habit, under greedy
+    assert result["sampled"]["success"] >= 0.2, result["sampled"]  # sampling finds the way often enough to learn from
 
 
 def test_build_is_deterministic(tmp_path, one_thread):
