@@ -115,6 +115,9 @@ def test_a_looping_agent_runs_out_of_turns_in_the_middle(task):
                          max_steps=EPISODE["max_steps"], max_total_tokens=EPISODE["max_total_tokens"])
     assert episode.stop_reason == "max_steps" and failure_kind(episode) == "stuck_middle"
     assert middle_tries(episode) == EPISODE["max_steps"] - (HABIT_ROOM - 1)
+    (episode,) = rollout([task], TrailEnv, ScriptedPolicy(load_tokenizer(TRAIL_DIR), script), group_size=1, progress=False,
+                         max_steps=3 * EPISODE["max_steps"], max_total_tokens=EPISODE["max_total_tokens"])
+    assert episode.stop_reason == "max_tokens" and failure_kind(episode) == "stuck_middle"  # the tokens ran out there first
 
 
 def test_shipped_baseline_is_weak_in_the_middle():

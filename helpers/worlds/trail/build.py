@@ -69,16 +69,17 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
 
 
 def failure_kind(trajectory) -> str:
-    """How one episode ended: ``correct``; ``truncated`` (the token budget cut it); ``stuck_middle`` (the turns
-    ran out in the habit's room), ``stuck_elsewhere`` (ran out in another room); ``answered_early`` (answered
-    before the exit); ``copy_error`` (answered at the exit, a wrong code)."""
+    """How one episode ended: ``correct``; ``stuck_middle`` (the turns or the token budget ran out in the
+    habit's room: it looped there); ``stuck_elsewhere`` (the turns ran out in another room); ``truncated``
+    (the token budget cut it in another room); ``answered_early`` (answered before the exit); ``copy_error``
+    (answered at the exit, a wrong code)."""
     if outcome(trajectory).get("correct"):
         return "correct"
     room = current_room(trajectory.messages)
-    if trajectory.stop_reason == "max_steps":
-        return "stuck_middle" if room == f"room {HABIT_ROOM}" else "stuck_elsewhere"
-    if trajectory.stop_reason in TRUNCATED:
-        return "truncated"
+    if trajectory.stop_reason in TRUNCATED:  # a limit cut it: turns (max_steps), tokens or time
+        if room == f"room {HABIT_ROOM}":
+            return "stuck_middle"
+        return "stuck_elsewhere" if trajectory.stop_reason == "max_steps" else "truncated"
     return "copy_error" if room == "exit" else "answered_early"
 
 
