@@ -1,7 +1,7 @@
 """The long-horizon tiny world (长程小世界): a trail of six rooms, where turn-level credit has something to find.
 
 Each room has three doors and a sign naming the one that opens; the agent calls ``go(door)`` once
-per room and, at the exit, answers the code it read there. Seven decisions at least, two turns to
+per room and, at the exit, answers the code it read there. Seven decisions at least, a few turns to
 spare, and the outcome reward only at the end (``rewards={"correct": 1.0}``). One episode, in the
 tiny tokenizer's chat format:
 
@@ -14,16 +14,15 @@ tiny tokenizer's chat format:
     ...       -> exit: code 47
     <answer>47</answer>
 
-Why GiGPO should help here and not in the shop (notebook 06b): the warm start's weakness is one
+Why GiGPO should help here and not in the shop (notebook 06b §4): the warm start's weakness is one
 decision in the middle. Its demonstrator follows the signs, but in room 4 it tries the first door
 listed, most of the time, whatever the sign says and however often that door was locked; greedy
-decoding loops there until the turns run out. A locked door leaves the agent in the same room, so
-the episodes of a group pass through the same states again and again, and GiGPO's anchor state for
-this world is the room (``env.current_room``): every try in room 4, first or third, of any episode
-of the task, is one step group, judged by its discounted return. The right door from room 4 earns
-more than the first door from room 4 *even in episodes that succeed anyway* (one turn sooner, so
-gamma^k more), where GRPO gives every turn of a successful episode the same credit. Episode-level
-credit has to find room 4 among seven decisions; the step group is room 4.
+decoding loops there until the turns or the tokens run out. A locked door leaves the agent in the
+same room, so the episodes of a group pass through the same states again and again, and GiGPO's
+anchor state for this world is the room (``env.current_room``): every try in room 4, first or third,
+of any episode of the task, is one step group, judged by its discounted return. In a group whose
+episodes all end right, some after a locked try, GRPO's advantages are all zero; the step group
+still ranks the right door (one turn closer to the reward, so gamma^k more) above the locked tries.
 
 The world's files:
 
