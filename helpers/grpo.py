@@ -168,7 +168,7 @@ def group_rewards(trajectories) -> torch.Tensor:
 # The anchor state is the *environment's* state before the turn, as the world defines it
 # (``helpers.envs.anchors``): by default the tool calls so far in canonical form with their results,
 # so two episodes that made the same calls in other words (spacing, key order, another tokenisation)
-# share a step group; a world with a smaller state (where the agent stands, say) groups every turn
+# share a step group; a world with a smaller state (the trail: the room the agent is in) groups every turn
 # taken from that state, however the episode got there. ``compute_advantages`` passes the config's
 # env (each task's own in a mix); the conversation's tokens would split a group on any difference in wording.
 #

@@ -235,7 +235,7 @@ def test_shipped_baseline_is_a_weak_agent():
 
 
 def test_data_folder_is_small():
-    """Five tiny worlds ship a model each (~3.3 MB: 0.8M float32 parameters) beside small task files: 20 MB in all."""
+    """Six tiny worlds ship a model each (~3.3 MB: 0.8M float32 parameters) beside small task files: 20 MB in all."""
     size = sum(f.stat().st_size for f in (ROOT / "data").rglob("*") if f.is_file())
     assert size <= 20e6, f"data/ is {size / 1e6:.1f} MB"
     for folder in (ROOT / "data").glob("tiny*"):

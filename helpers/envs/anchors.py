@@ -18,7 +18,8 @@ environment's observation (``anchor: text_obs``), for the same reason.
 ``tool_history`` is the state of any deterministic env whose only inputs are the tool calls: the
 same calls in the same order give the same env. A world whose state is smaller (where the agent
 stands, what it holds) registers an anchor that reads just that, so the turns taken from one state
-group together however the agent got there, and a state the agent comes back to is one group.
+group together however the agent got there, and a state the agent comes back to is one group
+(``helpers.worlds.trail`` keys on the room the agent is in).
 
 Simplifications, named: exact matching only (verl-agent can also cluster similar observations);
 an anchor reads the messages, so trajectories without them (built from tokens alone) need an anchor

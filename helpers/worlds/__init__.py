@@ -5,6 +5,7 @@
     arithmetic/   the one-call world: copy the question into the calculator (tiny-cpu)
     shop/         the multi-step shop world: usual() -> lookup(item) -> calculator(...) (tiny-agent)
     market/       one agent on three worlds at once, each row played by its own env (tiny-mix; TRL's multi-environment)
+    trail/        the long-horizon world: go(door) through six rooms, then the exit's code (tiny-long-horizon)
     selfplay/     one policy proposes tasks and solves them (tiny-selfplay, tiny-selfplay-fixed)
     games/        two-player zero-sum games: self-play in Kuhn poker with a baseline per seat (tiny-kuhn)
     bfcl/         BFCL's categories by BFCL's own checkers; its multi-turn simulators as a world (bfcl-multiturn-smoke)
@@ -20,4 +21,4 @@ A world plugs into the lower layers through their registries only (``register_da
 commands (``helpers.train``, ``helpers.evaluate``) import this package to have them all.
 """
 
-from helpers.worlds import arithmetic, bfcl, gaia, games, gsm8k, humaneval, market, reasoning_gym, selfplay, shop  # noqa: F401
+from helpers.worlds import arithmetic, bfcl, gaia, games, gsm8k, humaneval, market, reasoning_gym, selfplay, shop, trail  # noqa: F401

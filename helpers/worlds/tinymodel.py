@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from helpers.paths import TINY_DIR, in_repo
+from helpers.sft import encode_conversations, train_sft
 
 # --- tokenizer -----------------------------------------------------------------------------
 
@@ -194,19 +196,67 @@ def load_tiny(path: str | Path = TINY_DIR):
 # --- building a world's warm start ----------------------------------------------------
 
 
-def start_build(defaults: dict, overrides: dict) -> tuple[dict, float, float, int]:
+@dataclass(frozen=True)
+class BuildClock:
+    """When a build started (wall and CPU clocks), and the torch thread count to give back at its end."""
+
+    wall: float
+    cpu: float
+    threads: int
+
+
+def start_build(defaults: dict, overrides: dict) -> tuple[dict, BuildClock]:
     """What every tiny-world build starts with: its recipe (``defaults`` with ``overrides``; an
-    unknown setting is an error), the wall and CPU clocks, and seeded torch threads (``recipe["threads"]``,
+    unknown setting is an error), the clocks, and seeded torch threads (``recipe["threads"]``,
     1 if the recipe has none: the same float sums on every machine, so the same checkpoint from the seed).
-    Returns (recipe, wall clock, CPU clock, the thread count to restore at the end)."""
+    Returns (recipe, clock); ``finish_build`` takes the clock back."""
     unknown = set(overrides) - set(defaults)
     if unknown:
         raise ValueError(f"unknown build setting(s) {sorted(unknown)}; choose from {sorted(defaults)}")
     recipe = {**defaults, **overrides}
-    started, cpu_started, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
+    clock = BuildClock(time.perf_counter(), time.process_time(), torch.get_num_threads())
     torch.set_num_threads(recipe.get("threads", 1))
     torch.manual_seed(recipe["seed"])
-    return recipe, started, cpu_started, threads
+    return recipe, clock
+
+
+def sft_new_model(conversations: list[list[dict]], tools: list[dict] | None, recipe: dict, progress: bool = True):
+    """A new tiny model taught ``conversations`` by SFT, as the from-scratch builds make one: a tokenizer
+    fitted to them (at most ``recipe["vocab_size"]``), a new model from ``recipe["seed"]`` (started from the
+    one-call world's weights when ``recipe["warm_start"]``, see ``warm_start``), then ``recipe["steps"]`` SFT
+    steps (``helpers.sft.train_sft``). Returns (model, tokenizer, examples, losses per step)."""
+    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe.get("vocab_size", VOCAB_SIZE))
+    model = new_model(tokenizer, recipe["seed"])
+    if recipe.get("warm_start"):
+        warm_start(model, tokenizer)
+    examples = encode_conversations(tokenizer, conversations, tools)
+    losses = train_sft(
+        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
+        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
+    )
+    return model, tokenizer, examples, losses
+
+
+def finish_build(out: str | Path, model, tokenizer, recipe: dict, losses: list[float], clock: BuildClock,
+                 measured: dict, loss_every: int = 50) -> dict:
+    """What every tiny-world build ends with: save ``model`` and ``tokenizer`` to ``out`` and write
+    ``out/baseline.json``: ``measured`` (the world's own baseline), the recipe, the model's size, the SFT
+    loss averaged over each ``loss_every`` steps, and the build's wall and CPU seconds. Gives torch its
+    thread count back; returns the record."""
+    save_tiny(model, tokenizer, out)
+    result = {
+        **measured,
+        "recipe": recipe,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        f"sft_loss_every_{loss_every}_steps": [round(sum(losses[i : i + loss_every]) / len(losses[i : i + loss_every]), 3)
+                                               for i in range(0, len(losses), loss_every)],
+        "build_wall_s": round(time.perf_counter() - clock.wall, 1),
+        "build_cpu_s": round(time.process_time() - clock.cpu, 1),
+    }
+    torch.set_num_threads(clock.threads)
+    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def warm_start(model, tokenizer, source: str | Path = TINY_DIR) -> int:

@@ -12,29 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
-
-import torch
 
 from helpers.evaluation import task_record
 from helpers.paths import TINY_DIR
 from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rollout import rollout
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.arithmetic.tasks import (
     calculator_tools,
     demonstration,
     make_tiny_tasks,
 )
-from helpers.worlds.tinymodel import (
-    load_tiny,
-    new_model,
-    save_tiny,
-    start_build,
-    train_tokenizer,
-)
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds.arithmetic build` runs exactly this
     seed=0,
@@ -51,32 +41,15 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
 def build(out: str | Path = TINY_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the tiny model from the seed: tokenizer, SFT on a tool/no-tool mixture,
     save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
-    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
+    recipe, clock = start_build(BUILD, overrides)
     tools = calculator_tools()
     tasks = make_tiny_tasks(recipe["train_tasks"], recipe["seed"], "train")
     coin = random.Random(recipe["seed"])
     conversations = [demonstration(task, use_tool=coin.random() < recipe["tool_fraction"]) for task in tasks]
-    tokenizer = train_tokenizer(conversations, tools)
-    model = new_model(tokenizer, recipe["seed"])
-    examples = encode_conversations(tokenizer, conversations, tools)
-    losses = train_sft(
-        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
-    )
-    save_tiny(model, tokenizer, out)
-    result = baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"])
-    result.update(
-        greedy=baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
-        recipe=recipe,
-        parameters=sum(p.numel() for p in model.parameters()),
-        vocab_size=len(tokenizer),
-        sft_loss_every_25_steps=[round(sum(losses[i : i + 25]) / len(losses[i : i + 25]), 3) for i in range(0, len(losses), 25)],
-        build_wall_s=round(time.perf_counter() - started, 1),
-        build_cpu_s=round(time.process_time() - cpu_started, 1),
-    )
-    torch.set_num_threads(threads)
-    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    model, tokenizer, _, losses = sft_new_model(conversations, tools, recipe, progress)
+    measured = baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"])
+    measured["greedy"] = baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0)
+    return finish_build(out, model, tokenizer, recipe, losses, clock, measured, loss_every=25)
 
 
 def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, split: str = "validation", temperature: float = 1.0) -> dict:

@@ -30,16 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
 
-import torch
-
 from helpers.paths import ROOT
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.games.game import DEALS, MOVES, Match, conversation, information_states, reply_for
 from helpers.worlds.games.strength import exploitability, head_to_head, illegal_mass, move_table, table_from_bets
-from helpers.worlds.tinymodel import load_tiny, new_model, save_tiny, start_build, train_tokenizer
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 GAMES_DIR = ROOT / "data" / "tiny-games"
 BETS = {  # the demonstrator's probability of bet (or call), by the moves so far, for J, Q, K
@@ -85,21 +81,10 @@ def demonstrations(hands: int, seed: int) -> list[list[dict]]:
 def build(out: str | Path = GAMES_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the warm start from the seed: tokenizer, SFT on the demonstrations, save to ``out``,
     measure it (``baseline``), write ``out/baseline.json``; return the baseline."""
-    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
+    recipe, clock = start_build(BUILD, overrides)
     conversations = demonstrations(recipe["hands"], recipe["seed"])
-    tokenizer = train_tokenizer(conversations, None, vocab_size=recipe["vocab_size"])
-    model = new_model(tokenizer, recipe["seed"])
-    examples = encode_conversations(tokenizer, conversations)
-    losses = train_sft(model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-                       decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress)
-    save_tiny(model, tokenizer, out)
-    result = {**baseline(model, tokenizer), "recipe": recipe, "examples": len(examples),
-              "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
-              "sft_loss_every_50_steps": [round(sum(losses[i: i + 50]) / len(losses[i: i + 50]), 3) for i in range(0, len(losses), 50)],
-              "build_wall_s": round(time.perf_counter() - started, 1), "build_cpu_s": round(time.process_time() - cpu_started, 1)}
-    torch.set_num_threads(threads)
-    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    model, tokenizer, examples, losses = sft_new_model(conversations, None, recipe, progress)
+    return finish_build(out, model, tokenizer, recipe, losses, clock, {**baseline(model, tokenizer), "examples": len(examples)})
 
 
 def baseline(model, tokenizer) -> dict:

@@ -19,10 +19,7 @@ import argparse
 import json
 import random
 import re
-import time
 from pathlib import Path
-
-import torch
 
 from helpers.data import Task, load_dataset, parse_mix
 from helpers.envs import make_env
@@ -36,7 +33,7 @@ from helpers.worlds.arithmetic.tasks import demonstration as calculator_demonstr
 from helpers.worlds.market.presets import MIX
 from helpers.worlds.shop.build import AGENT_DIR, demonstration as shop_demonstration, demonstrator_flaw
 from helpers.worlds.shop.tasks import EPISODE
-from helpers.worlds.tinymodel import load_tiny, save_tiny, start_build
+from helpers.worlds.tinymodel import finish_build, load_tiny, start_build
 
 MARKET_DIR = ROOT / "data" / "tiny-market"
 
@@ -85,7 +82,7 @@ def build(out: str | Path = MARKET_DIR, progress: bool = True, **overrides) -> d
     """Rebuild the market's model from ``data/tiny-agent``: SFT on every world's demonstrations, save to
     ``out``, measure the baseline per world, write ``out/baseline.json``; return the baseline."""
     flush_denormals()  # as the training commands do (helpers.floats): no figure changes, much faster on a CPU
-    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
+    recipe, clock = start_build(BUILD, overrides)
     model, tokenizer = load_tiny(AGENT_DIR)
     model.train()
     examples = [example for conversations, tools in demonstrations(recipe)
@@ -95,19 +92,11 @@ def build(out: str | Path = MARKET_DIR, progress: bool = True, **overrides) -> d
         decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
     )
     model.eval()
-    save_tiny(model, tokenizer, out)
-    result = {
+    measured = {
         "greedy": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
         "sampled": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=1.0),
-        "recipe": recipe,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "sft_loss_every_50_steps": [round(sum(losses[i : i + 50]) / len(losses[i : i + 50]), 3) for i in range(0, len(losses), 50)],
-        "build_wall_s": round(time.perf_counter() - started, 1),
-        "build_cpu_s": round(time.process_time() - cpu_started, 1),
     }
-    torch.set_num_threads(threads)
-    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return finish_build(out, model, tokenizer, recipe, losses, clock, measured)
 
 
 def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, split: str = "validation", temperature: float = 1.0) -> dict:

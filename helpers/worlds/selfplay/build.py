@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
-
-import torch
 
 from helpers.evaluation import evaluate
 from helpers.paths import ROOT, TINY_DIR
@@ -31,7 +28,7 @@ from helpers.worlds.selfplay.tasks import (
     make_selfplay_tasks,
     selfplay_dataset,
 )
-from helpers.worlds.tinymodel import load_tiny, save_tiny, start_build
+from helpers.worlds.tinymodel import finish_build, load_tiny, start_build
 
 SELFPLAY_DIR = ROOT / "data" / "tiny-selfplay"
 
@@ -65,19 +62,13 @@ def demonstrations(recipe: dict) -> tuple[list[list[dict]], list[list[dict]]]:
 
 def build(out: str | Path = SELFPLAY_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild data/tiny-selfplay from data/tiny and the seed: SFT on both roles, save, measure."""
-    recipe, started, cpu_started, threads = start_build(BUILD, overrides)  # one seeded thread: BUILD sets no "threads"
+    recipe, clock = start_build(BUILD, overrides)  # one seeded thread: BUILD sets no "threads"
     model, tokenizer = load_tiny(TINY_DIR)  # the one-call world's model and tokenizer (byte level: the proposer's text encodes)
     solver, proposer = demonstrations(recipe)
     examples = encode_conversations(tokenizer, solver, calculator_tools()) + encode_conversations(tokenizer, proposer, None)
     losses = train_sft(model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
                        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress)
-    save_tiny(model, tokenizer, out)
-    result = {**baseline(model, tokenizer), "recipe": recipe,
-              "sft_loss_every_50_steps": [round(sum(losses[i : i + 50]) / len(losses[i : i + 50]), 3) for i in range(0, len(losses), 50)],
-              "build_wall_s": round(time.perf_counter() - started, 1), "build_cpu_s": round(time.process_time() - cpu_started, 1)}
-    torch.set_num_threads(threads)
-    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return finish_build(out, model, tokenizer, recipe, losses, clock, baseline(model, tokenizer))
 
 
 def success_by_difficulty(records: list[dict]) -> dict[int, float]:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from collections import Counter
 from pathlib import Path
-
-import torch
 
 from helpers.data import Task
 from helpers.envs import Episode, tool_schemas
@@ -27,17 +24,9 @@ from helpers.policy.base import SamplingParams
 from helpers.policy.hf import HFPolicy
 from helpers.rewards import outcome
 from helpers.rollout import rollout
-from helpers.sft import encode_conversations, train_sft
 from helpers.worlds.shop.env import ShopEnv
 from helpers.worlds.shop.tasks import BILLS, EPISODE, PRICES, make_agent_tasks
-from helpers.worlds.tinymodel import (
-    load_tiny,
-    new_model,
-    save_tiny,
-    start_build,
-    train_tokenizer,
-    warm_start,
-)
+from helpers.worlds.tinymodel import finish_build, load_tiny, sft_new_model, start_build
 
 AGENT_DIR = ROOT / "data" / "tiny-agent"
 
@@ -149,36 +138,19 @@ BUILD = dict(  # the recipe of the shipped checkpoint; `python -m helpers.worlds
 def build(out: str | Path = AGENT_DIR, progress: bool = True, **overrides) -> dict:
     """Rebuild the tiny agent from the seed: tokenizer, SFT on the sloppy demonstrations,
     save to ``out``, measure the baseline, write ``out/baseline.json``; return the baseline."""
-    recipe, started, cpu_started, threads = start_build(BUILD, overrides)
+    recipe, clock = start_build(BUILD, overrides)
     tasks = make_agent_tasks(recipe["train_tasks"], recipe["seed"], "train")
     rng = random.Random(recipe["seed"])
     flaws = [demonstrator_flaw(task, rng) for task in tasks]
     conversations = [demonstration(task, flaw, rng) for task, flaw in zip(tasks, flaws)]
     tools = tool_schemas(ShopEnv())  # the template lists them usual, lookup, calculator whatever their order here
-    tokenizer = train_tokenizer(conversations, tools, vocab_size=recipe["vocab_size"])
-    model = new_model(tokenizer, recipe["seed"])
-    if recipe["warm_start"]:
-        warm_start(model, tokenizer)
-    examples = encode_conversations(tokenizer, conversations, tools)
-    losses = train_sft(
-        model, examples, recipe["steps"], recipe["batch_size"], lr=recipe["lr"], seed=recipe["seed"],
-        decay_fraction=recipe["decay_fraction"], pad_id=tokenizer.pad_token_id, progress=progress,
-    )
-    save_tiny(model, tokenizer, out)
-    result = {
+    model, tokenizer, examples, losses = sft_new_model(conversations, tools, recipe, progress)
+    measured = {
         "greedy": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=0.0),
         "sampled": baseline(model, tokenizer, recipe["eval_tasks"], seed=recipe["seed"], temperature=1.0),
         "demonstrations": dict(Counter(flaw or "clean" for flaw in flaws).most_common()),
-        "recipe": recipe,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "vocab_size": len(tokenizer),
-        "sft_loss_every_50_steps": [round(sum(losses[i : i + 50]) / len(losses[i : i + 50]), 3) for i in range(0, len(losses), 50)],
-        "build_wall_s": round(time.perf_counter() - started, 1),
-        "build_cpu_s": round(time.process_time() - cpu_started, 1),
     }
-    torch.set_num_threads(threads)
-    (Path(out) / "baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return finish_build(out, model, tokenizer, recipe, losses, clock, measured)
 
 
 def baseline(model, tokenizer, n: int = BUILD["eval_tasks"], seed: int = 0, split: str = "validation", temperature: float = 1.0) -> dict:

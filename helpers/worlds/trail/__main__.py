@@ -1,0 +1,3 @@
+from helpers.worlds.trail.build import main
+
+main()
