@@ -27,9 +27,10 @@ TASK = Task("fuzz", [{"role": "user", "content": "What do 6 of my usual items co
             {"expression": "6*7", "item": "apple", "prices": {"apple": 7, "pear": 3}})
 SANDBOXED = {"allow_unsafe": not os_isolation(), "limits": Limits(wall_seconds=3, cpu_seconds=2)}
 KWARGS = {"code": SANDBOXED, "humaneval": {**SANDBOXED, "timeout": 1.0}}
-# The benchmark and game worlds' envs play a task of their own dataset (an extra: skipped without it, failed in CI).
+# The envs whose tasks carry what no other task does (the benchmarks, the games, the trail's rooms) play a task of
+# their own dataset (a benchmark's extra: skipped without it, failed in CI).
 BENCHMARK_DATASETS = {"humaneval": "humaneval", "reasoning_gym": "reasoning_gym/products:max_digits=2", "kuhn_poker": "kuhn_poker",
-                      "reasoning_gym_calculator": "tiny-products",
+                      "reasoning_gym_calculator": "tiny-products", "trail": "tiny-trail",
                       "bfcl": "bfcl/simple_python", "bfcl_multiturn": "bfcl/multi_turn_base:GorillaFileSystem"}
 
 
