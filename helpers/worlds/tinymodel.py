@@ -1,7 +1,8 @@
 """The tiny-model toolkit: one chat template, a small tokenizer, a tiny Qwen2, and how each world builds on them.
 
-Every tiny world (``helpers.worlds.arithmetic``, ``shop``, ``selfplay``) ships a ~0.8M-parameter
-Qwen2-architecture model with its own small tokenizer in ``data/``; this module is what they share:
+Every tiny world (``helpers.worlds.arithmetic``, ``shop``, ``market``, ``trail``, ``selfplay``, ``games``)
+ships a ~0.8M-parameter Qwen2-architecture model with its own small tokenizer in ``data/``; this module is
+what they share, their builds' first and last steps included (``start_build``, ``sft_new_model``, ``finish_build``):
 
     model, tokenizer = load_tiny("data/tiny-agent")        # offline, through AutoModelForCausalLM / AutoTokenizer
     tokenizer = train_tokenizer(conversations, tools)      # a byte-level BPE fitted to a world's demonstrations
