@@ -27,8 +27,7 @@ def tiny_long_horizon() -> TrainConfig:
         env="trail",  # helpers.worlds.trail.env: go(door); its anchor state is the room (current_room)
         env_max_steps=11,  # seven turns needed; a loop in room 4 meets the token budget first, at about the tenth turn
         steps=20,  # the lr decays linearly to 0 over these steps
-        lr=1e-3,  # slow enough that the habit fades over several steps, so steps to the bar tell the methods apart
-        # (at 3e-3 both crossed it within two or three steps of each other; at tiny_cpu's 5e-3 runs collapsed)
+        lr=1e-3,  # slow enough that room 4's habit fades over several steps: steps to the bar then tell the methods apart
         tasks_per_step=16,
         num_generations=4,  # tiny_cpu's 64 episodes a step in smaller groups: more groups end right in every episode, where
         # GRPO has nothing to learn (skip_zero_spread) and GiGPO's step groups still rank the tries made in one room
